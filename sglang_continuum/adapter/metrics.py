@@ -1,0 +1,60 @@
+"""Prometheus series for Continuum, exported through SGLang's ``/metrics`` (``--enable-metrics``).
+
+Created in the scheduler process; SGLang runs prometheus_client in multiprocess mode, so gauges
+use ``multiprocess_mode="mostrecent"`` and counters aggregate across processes.
+"""
+
+from __future__ import annotations
+
+from sglang_continuum.core.controller import ContinuumController, PinCounters
+
+TTL_BUCKETS = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+
+
+class ContinuumMetrics:
+    def __init__(self, tp_rank: int = 0) -> None:
+        from prometheus_client import Counter, Gauge, Histogram
+
+        labels = ("tp_rank",)
+        self._labels = {"tp_rank": str(tp_rank)}
+
+        def gauge(name: str, doc: str):
+            return Gauge(f"sglang:continuum_{name}", doc, labels, multiprocess_mode="mostrecent").labels(
+                **self._labels
+            )
+
+        def counter(name: str, doc: str):
+            return Counter(f"sglang:continuum_{name}", doc, labels).labels(**self._labels)
+
+        self.pinned_programs = gauge("pinned_programs", "Programs whose prefix is TTL-pinned.")
+        self.pinned_tokens = gauge("pinned_tokens", "Tokens held by TTL pins (path lengths).")
+        self.pin_budget_tokens = gauge("pin_budget_tokens", "Most tokens pins may hold.")
+        self.tracked_programs = gauge("tracked_programs", "Programs the registry remembers.")
+        self._counters = {
+            "created": counter("pins_created", "Pins created after a non-final turn."),
+            "hits": counter("pin_hits", "Next turns admitted while their pin held the prefix."),
+            "expired": counter("pin_expiries", "Pins released at their deadline."),
+            "shed": counter("pin_sheds", "Pins released early under memory or budget pressure."),
+            "refused": counter("pins_refused", "Pins not created: budget full of earlier programs."),
+            "released": counter("pin_releases", "Pins released by last step, abort or retraction."),
+        }
+        self.ttl_seconds = Histogram(
+            "sglang:continuum_ttl_seconds", "TTL chosen per pin decision.", labels, buckets=TTL_BUCKETS
+        ).labels(**self._labels)
+        self._last = PinCounters()
+
+    def observe_ttl(self, ttl: float) -> None:
+        self.ttl_seconds.observe(ttl)
+
+    def update(self, controller: ContinuumController) -> None:
+        pins = controller.pins
+        self.pinned_programs.set(len(pins))
+        self.pinned_tokens.set(pins.pinned_tokens)
+        self.pin_budget_tokens.set(pins.budget_tokens)
+        self.tracked_programs.set(len(controller.programs))
+        now = controller.counters
+        for field, metric in self._counters.items():
+            delta = getattr(now, field) - getattr(self._last, field)
+            if delta > 0:
+                metric.inc(delta)
+        self._last = PinCounters(**{f: getattr(now, f) for f in PinCounters.__slots__})

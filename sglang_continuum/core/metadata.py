@@ -1,0 +1,142 @@
+"""Per-request program metadata: which agent program a turn belongs to, and whether it is the last.
+
+Clients put these keys in ``custom_params`` (OpenAI ``extra_body={"custom_params": {...}}``, native
+``/generate`` ``sampling_params.custom_params``). ``session_id`` stands in for the program id when no
+explicit one is given. Malformed values are reported once per program and ignored: a request whose
+program id cannot be read is served exactly as under FCFS.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional
+
+logger = logging.getLogger(__name__)
+
+PROGRAM_ID_KEY = "program_id"
+LAST_STEP_KEY = "is_last_step"
+TOOL_NAME_KEY = "tool_name"
+# Accepted spellings from other Continuum clients (the vLLM reference uses job_id / is_last_step).
+PROGRAM_ID_ALIASES = (PROGRAM_ID_KEY, "job_id")
+LAST_STEP_ALIASES = (LAST_STEP_KEY, "last_step")
+
+MAX_PROGRAM_ID_LEN = 256
+MAX_TOOL_NAME_LEN = 128
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramMeta:
+    program_id: Optional[str] = None
+    is_last_step: bool = False
+    tool_name: Optional[str] = None
+
+    @property
+    def has_program(self) -> bool:
+        return self.program_id is not None
+
+
+NO_PROGRAM = ProgramMeta()
+
+
+class _Malformed(ValueError):
+    pass
+
+
+def _first(params: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
+    for key in keys:
+        if key in params:
+            return params[key]
+    return None
+
+
+def _read_program_id(value: Any) -> Optional[str]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise _Malformed(f"program id must be a string or integer, got {type(value).__name__}")
+    text = str(value).strip()
+    if not text:
+        raise _Malformed("program id is empty")
+    if len(text) > MAX_PROGRAM_ID_LEN:
+        raise _Malformed(f"program id longer than {MAX_PROGRAM_ID_LEN} characters")
+    return text
+
+
+def _read_bool(value: Any) -> bool:
+    if value is None:
+        return False
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise _Malformed(f"last-step flag must be a boolean, got {value!r}"[:200])
+
+
+def _read_tool_name(value: Any) -> Optional[str]:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise _Malformed(f"tool name must be a non-empty string, got {value!r}"[:200])
+    return value.strip()[:MAX_TOOL_NAME_LEN]
+
+
+class MalformedReporter:
+    """Logs a malformed-metadata warning once per (program, problem); bounded memory."""
+
+    def __init__(self, max_entries: int = 4096, log: Callable[..., None] = logger.warning) -> None:
+        self._seen: dict[tuple[Optional[str], str], None] = {}
+        self._max = max_entries
+        self._log = log
+        self.count = 0
+
+    def __call__(self, program_id: Optional[str], problem: str) -> None:
+        self.count += 1
+        key = (program_id, problem)
+        if key in self._seen:
+            return
+        if len(self._seen) >= self._max:
+            self._seen.pop(next(iter(self._seen)))
+        self._seen[key] = None
+        self._log("continuum: ignoring malformed request metadata (program=%s): %s", program_id, problem)
+
+
+def parse_program_meta(
+    custom_params: Any,
+    session_id: Any = None,
+    report: Optional[Callable[[Optional[str], str], None]] = None,
+) -> ProgramMeta:
+    """Read program metadata; never raises. Bad fields are reported and treated as absent."""
+    report = report or (lambda pid, problem: logger.warning("continuum: %s (program=%s)", problem, pid))
+    params: Mapping[str, Any] = custom_params if isinstance(custom_params, Mapping) else {}
+    if custom_params is not None and not isinstance(custom_params, Mapping):
+        report(None, f"custom_params must be an object, got {type(custom_params).__name__}")
+
+    program_id: Optional[str] = None
+    try:
+        program_id = _read_program_id(_first(params, PROGRAM_ID_ALIASES))
+    except _Malformed as exc:
+        report(None, str(exc))
+    if program_id is None and session_id is not None:
+        try:
+            program_id = _read_program_id(session_id)
+        except _Malformed as exc:
+            report(None, f"session_id: {exc}")
+    if program_id is None:
+        return NO_PROGRAM
+
+    is_last = False
+    try:
+        is_last = _read_bool(_first(params, LAST_STEP_ALIASES))
+    except _Malformed as exc:
+        report(program_id, str(exc))
+    tool_name = None
+    try:
+        tool_name = _read_tool_name(params.get(TOOL_NAME_KEY))
+    except _Malformed as exc:
+        report(program_id, str(exc))
+    return ProgramMeta(program_id=program_id, is_last_step=is_last, tool_name=tool_name)

@@ -1,0 +1,177 @@
+"""The pin table: which program holds a TTL pin on its prefix, until when, and at what cost.
+
+Engine-agnostic: a pin carries an opaque ``handle`` (the engine's lock) that the caller releases
+when the table hands the pin back. The table enforces a token budget and answers three questions
+in logarithmic time whatever the number of pins: which pins expired (deadline heap), which pin to
+shed under pressure (latest program arrival first), and how many tokens are pinned.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Optional
+
+
+@dataclass(eq=False, slots=True)
+class Pin:
+    program_id: str
+    tokens: int
+    deadline: float
+    program_arrival: float  # shed order key: later arrivals are shed first
+    created: float
+    handle: Any = None
+    overstay: bool = False  # deadline already extended once because a turn of the program waited
+    seq: int = field(default=0, compare=False)
+
+
+class PinTable:
+    """Pins keyed by program id; deadline heap and shed heap with lazy deletion."""
+
+    def __init__(self, budget_tokens: int) -> None:
+        if budget_tokens < 0:
+            raise ValueError("budget must be >= 0")
+        self.budget_tokens = int(budget_tokens)
+        self._pins: dict[str, Pin] = {}
+        self._by_deadline: list[tuple[float, int, Pin]] = []
+        self._by_arrival: list[tuple[float, int, Pin]] = []  # (-arrival, -seq, pin)
+        self._seq = itertools.count(1)
+        self.pinned_tokens = 0
+
+    # -- queries -------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._pins)
+
+    def __contains__(self, program_id: object) -> bool:
+        return program_id in self._pins
+
+    def __iter__(self) -> Iterator[Pin]:
+        return iter(list(self._pins.values()))
+
+    def get(self, program_id: str) -> Optional[Pin]:
+        return self._pins.get(program_id)
+
+    def next_deadline(self) -> Optional[float]:
+        self._drop_stale(self._by_deadline, self._deadline_entry_live)
+        return self._by_deadline[0][0] if self._by_deadline else None
+
+    # -- updates -------------------------------------------------------------------------
+    def add(self, pin: Pin) -> list[Pin]:
+        """Insert ``pin``; return the pins the caller must release.
+
+        That is the program's previous pin (if any) plus, when the budget would be exceeded,
+        victims taken latest program arrival first. If the new pin is itself the latest arrival
+        (or larger than the whole budget) it is refused: it comes back in the list and is not
+        stored.
+        """
+        released: list[Pin] = []
+        old = self.pop(pin.program_id)
+        if old is not None:
+            released.append(old)
+        if pin.tokens > self.budget_tokens:
+            released.append(pin)
+            return released
+        while self.pinned_tokens + pin.tokens > self.budget_tokens:
+            latest = self._peek_latest()
+            assert latest is not None  # pinned_tokens > 0 here
+            if (pin.program_arrival, 1) >= (latest.program_arrival, 0):
+                released.append(pin)
+                return released
+            self._remove(latest)
+            released.append(latest)
+        pin.seq = next(self._seq)
+        self._pins[pin.program_id] = pin
+        self.pinned_tokens += pin.tokens
+        heapq.heappush(self._by_deadline, (pin.deadline, pin.seq, pin))
+        heapq.heappush(self._by_arrival, (-pin.program_arrival, -pin.seq, pin))
+        self._maybe_compact()
+        return released
+
+    def pop(self, program_id: str) -> Optional[Pin]:
+        """Remove and return the program's pin (consume on hit, or release on last step/abort)."""
+        pin = self._pins.get(program_id)
+        if pin is not None:
+            self._remove(pin)
+        return pin
+
+    def pop_expired(self, now: float, hold: Callable[[Pin], Optional[float]]) -> list[Pin]:
+        """Remove pins whose deadline passed.
+
+        ``hold(pin)`` may return a new deadline to keep an expired pin a while longer (a turn of
+        its program is waiting to be admitted); it is asked once per pin, so a held pin always
+        expires by the deadline it returns.
+        """
+        expired: list[Pin] = []
+        heap = self._by_deadline
+        while heap and heap[0][0] <= now:
+            deadline, seq, pin = heapq.heappop(heap)
+            if not self._deadline_entry_live((deadline, seq, pin)):
+                continue
+            if not pin.overstay:
+                new_deadline = hold(pin)
+                if new_deadline is not None and new_deadline > now:
+                    pin.overstay = True
+                    pin.deadline = new_deadline
+                    heapq.heappush(heap, (new_deadline, pin.seq, pin))
+                    continue
+            self._remove(pin)
+            expired.append(pin)
+        return expired
+
+    def pop_latest(self) -> Optional[Pin]:
+        """Shed: remove and return the pin of the latest-arriving program."""
+        pin = self._peek_latest()
+        if pin is not None:
+            self._remove(pin)
+        return pin
+
+    def clear(self) -> list[Pin]:
+        pins = list(self._pins.values())
+        self._pins.clear()
+        self._by_deadline.clear()
+        self._by_arrival.clear()
+        self.pinned_tokens = 0
+        return pins
+
+    # -- integrity -----------------------------------------------------------------------
+    def check(self) -> None:
+        """Raise AssertionError if the table's invariants do not hold (tests call this)."""
+        assert self.pinned_tokens == sum(p.tokens for p in self._pins.values()), "token sum"
+        assert self.pinned_tokens <= self.budget_tokens, "budget exceeded"
+        live_d = {id(p) for d, s, p in self._by_deadline if self._deadline_entry_live((d, s, p))}
+        live_a = {id(p) for _, _, p in self._by_arrival if self._pins.get(p.program_id) is p}
+        ids = {id(p) for p in self._pins.values()}
+        assert live_d == ids, "deadline heap out of sync"
+        assert live_a == ids, "arrival heap out of sync"
+
+    # -- internals -----------------------------------------------------------------------
+    def _remove(self, pin: Pin) -> None:
+        del self._pins[pin.program_id]
+        self.pinned_tokens -= pin.tokens
+
+    def _deadline_entry_live(self, entry: tuple[float, int, Pin]) -> bool:
+        deadline, seq, pin = entry
+        return self._pins.get(pin.program_id) is pin and pin.deadline == deadline
+
+    def _peek_latest(self) -> Optional[Pin]:
+        heap = self._by_arrival
+        while heap and self._pins.get(heap[0][2].program_id) is not heap[0][2]:
+            heapq.heappop(heap)
+        return heap[0][2] if heap else None
+
+    @staticmethod
+    def _drop_stale(heap: list, live: Callable) -> None:
+        while heap and not live(heap[0]):
+            heapq.heappop(heap)
+
+    def _maybe_compact(self) -> None:
+        # Lazy deletion leaves dead entries behind; rebuild when they outnumber the live ones so
+        # memory stays O(pins) and each operation stays O(log pins) amortised.
+        limit = 2 * len(self._pins) + 64
+        if len(self._by_deadline) > limit:
+            self._by_deadline = [(p.deadline, p.seq, p) for p in self._pins.values()]
+            heapq.heapify(self._by_deadline)
+        if len(self._by_arrival) > limit:
+            self._by_arrival = [(-p.program_arrival, -p.seq, p) for p in self._pins.values()]
+            heapq.heapify(self._by_arrival)

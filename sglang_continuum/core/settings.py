@@ -1,0 +1,84 @@
+"""Plugin settings: defaults < config file (``SGLANG_CONTINUUM_CONFIG``) < environment variables.
+
+SGLang copies only its own fields from the command line into ``ServerArgs``, so the plugin is
+configured through the environment, which spawned scheduler processes inherit. Every field can be
+set as ``SGLANG_CONTINUUM_<FIELD NAME IN CAPITALS>``; the config file is TOML (or JSON) with the
+same field names at top level. See ``configs/continuum.toml`` for a commented example.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from pathlib import Path
+from typing import Literal, Mapping, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+ENV_PREFIX = "SGLANG_CONTINUUM_"
+CONFIG_ENV = ENV_PREFIX + "CONFIG"
+
+TTLModelName = Literal["cost", "fixed", "reference", "bernstein"]
+
+
+class ContinuumSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # TTL model and its parameters
+    ttl_model: TTLModelName = "cost"
+    fixed_ttl_s: float = Field(2.0, ge=0)
+    reference_pin_s: float = Field(2.0, ge=0)
+    reference_threshold_s: float = Field(2.0, ge=0)
+    max_ttl_s: float = Field(30.0, ge=0, description="cap on any TTL a model chooses")
+    cold_start_k: int = Field(100, ge=0, description="samples needed before a CDF is trusted (K)")
+    queue_delay_window: int = Field(256, ge=1, description="returning turns averaged for T")
+    eta_window: int = Field(1000, ge=2, description="completed programs used for eta")
+    prefill_profile: Optional[str] = Field(None, description="prefill profile JSON (PrefillReload)")
+    bernstein_delta: float = Field(0.1, gt=0, lt=1)
+    bernstein_alpha: float = Field(0.1, ge=0)
+    bernstein_min_samples: int = Field(10, ge=1)
+    bernstein_t_default_s: float = Field(2.0, ge=0)
+
+    # pinning
+    pin_budget_fraction: float = Field(0.5, ge=0, le=1, description="share of the KV pool pins may hold")
+    max_wait_hold_s: float = Field(
+        10.0, ge=0, description="how long an expired pin is kept while its program's next turn waits"
+    )
+
+    # bounded state
+    max_programs: int = Field(100_000, ge=1)
+    program_idle_timeout_s: float = Field(900.0, gt=0)
+    tool_window: int = Field(10_000, ge=1)
+    global_window: int = Field(100_000, ge=1)
+    max_tools: int = Field(1024, ge=1)
+
+    # statistics persistence (warm start)
+    stats_path: Optional[str] = Field(None, description="tool statistics loaded at start, saved periodically")
+    stats_save_interval_s: float = Field(60.0, gt=0)
+
+    @classmethod
+    def load(cls, environ: Optional[Mapping[str, str]] = None) -> "ContinuumSettings":
+        env = os.environ if environ is None else environ
+        values: dict = {}
+        path = env.get(CONFIG_ENV)
+        if path:
+            values.update(_read_config_file(Path(path)))
+        for name in cls.model_fields:
+            key = ENV_PREFIX + name.upper()
+            if key in env:
+                values[name] = env[key]
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            raise ValueError(f"invalid sglang-continuum settings: {exc}") from exc
+
+
+def _read_config_file(path: Path) -> dict:
+    if not path.is_file():
+        raise ValueError(f"{CONFIG_ENV}={path}: no such file")
+    text = path.read_text()
+    data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: top level must be a table")
+    return data.get("continuum", data)

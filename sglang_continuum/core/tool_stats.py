@@ -1,0 +1,124 @@
+"""Tool-call duration statistics: bounded sliding windows per tool and globally.
+
+Each window keeps its samples both in arrival order (to drop the oldest) and sorted (so an
+empirical CDF, a quantile or the TTL argmax over candidates is one vectorised pass, with no sort
+per decision).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from typing import Iterable, Optional
+
+import numpy as np
+
+UNKNOWN_TOOL = "unknown"
+
+
+class SampleWindow:
+    """The last ``capacity`` samples, in arrival order and sorted; running mean and variance."""
+
+    __slots__ = ("capacity", "_fifo", "_sorted", "_n", "_sum", "_sumsq", "version")
+
+    def __init__(self, capacity: int, samples: Iterable[float] = ()) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be >= 1")
+        self.capacity = capacity
+        self._fifo: deque[float] = deque()
+        self._sorted = np.empty(0, dtype=np.float64)
+        self._sum = 0.0
+        self._sumsq = 0.0
+        self.version = 0  # bumps on every change; lets callers cache derived values
+        self.extend(samples)
+
+    def __len__(self) -> int:
+        return len(self._fifo)
+
+    def add(self, x: float) -> None:
+        x = float(x)
+        if not np.isfinite(x) or x < 0:
+            raise ValueError(f"sample must be a finite non-negative number, got {x}")
+        if len(self._fifo) == self.capacity:
+            old = self._fifo.popleft()
+            i = int(np.searchsorted(self._sorted, old))
+            self._sorted = np.delete(self._sorted, i)
+            self._sum -= old
+            self._sumsq -= old * old
+        self._fifo.append(x)
+        self._sorted = np.insert(self._sorted, int(np.searchsorted(self._sorted, x, "right")), x)
+        self._sum += x
+        self._sumsq += x * x
+        self.version += 1
+
+    def extend(self, xs: Iterable[float]) -> None:
+        for x in xs:
+            self.add(x)
+
+    @property
+    def sorted(self) -> np.ndarray:
+        """Samples in ascending order (read-only view)."""
+        view = self._sorted.view()
+        view.flags.writeable = False
+        return view
+
+    def samples(self) -> list[float]:
+        return list(self._fifo)
+
+    @property
+    def mean(self) -> float:
+        return self._sum / len(self._fifo) if self._fifo else float("nan")
+
+    @property
+    def variance(self) -> float:
+        n = len(self._fifo)
+        if n < 2:
+            return 0.0
+        return max(0.0, (self._sumsq - self._sum * self._sum / n) / (n - 1))
+
+    def cdf(self, tau: float) -> float:
+        n = len(self._fifo)
+        return float(np.searchsorted(self._sorted, tau, "right")) / n if n else 0.0
+
+
+class ToolStats:
+    """Per-tool and global windows of tool durations (seconds). Bounded in tools and samples."""
+
+    def __init__(self, *, window: int = 10_000, global_window: int = 100_000, max_tools: int = 1024) -> None:
+        self.window = window
+        self.max_tools = max_tools
+        self.global_samples = SampleWindow(global_window)
+        self._tools: OrderedDict[str, SampleWindow] = OrderedDict()
+
+    def record(self, tool: Optional[str], seconds: float) -> None:
+        tool = tool or UNKNOWN_TOOL
+        w = self._tools.get(tool)
+        if w is None:
+            w = self._tools[tool] = SampleWindow(self.window)
+            while len(self._tools) > self.max_tools:
+                self._tools.popitem(last=False)
+        else:
+            self._tools.move_to_end(tool)
+        w.add(seconds)
+        self.global_samples.add(seconds)
+
+    def tool(self, tool: Optional[str]) -> Optional[SampleWindow]:
+        return self._tools.get(tool or UNKNOWN_TOOL)
+
+    def tools(self) -> dict[str, SampleWindow]:
+        return dict(self._tools)
+
+    def to_dict(self) -> dict:
+        return {
+            "version": 1,
+            "window": self.window,
+            "tools": {name: w.samples() for name, w in self._tools.items()},
+            "global": self.global_samples.samples(),
+        }
+
+    def load_dict(self, data: dict) -> None:
+        if data.get("version") != 1:
+            raise ValueError(f"unsupported tool-stats version: {data.get('version')!r}")
+        for name, samples in data.get("tools", {}).items():
+            w = self._tools.setdefault(str(name), SampleWindow(self.window))
+            w.extend(samples)
+        self.global_samples.extend(data.get("global", []))

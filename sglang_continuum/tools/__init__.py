@@ -1,0 +1,1 @@
+"""Tools that sit beside the policy: benchmark, replay, profiler, tiny model builder."""
