@@ -5,8 +5,8 @@ schedule policy. It wraps two methods *of that scheduler instance* (other polici
 processes are untouched):
 
 * ``_add_request_to_queue``: tags each arriving turn (records tool return times);
-* ``get_next_batch_to_run``: first a Continuum step (clock, pin consumption, expiry), then
-  SGLang's own batch selection, then stall shedding: if nothing runs, nothing was admitted, and
+* ``get_next_batch_to_run``: first a Continuum step (clock, expiry), then SGLang's own batch
+  selection, then pin consumption for the turns that batch admitted, then stall shedding: if nothing runs, nothing was admitted, and
   the head of the queue cannot fit in free + evictable memory, pins are shed (latest program
   arrival first) until it fits. A pin therefore never wedges admission.
 
@@ -58,7 +58,7 @@ def head_fits(scheduler: "Scheduler", cache: ContinuumRadixCache) -> bool:
     if not scheduler.waiting_queue:
         return True
     req = scheduler.waiting_queue[0]
-    prefix = len(req.prefix_indices) if getattr(req, "prefix_indices", None) is not None else 0
+    prefix = getattr(req, "prefix_len", 0) or 0
     need = (
         len(req.origin_input_ids) + len(req.output_ids) - prefix
         + min(req.sampling_params.max_new_tokens or 0, CLIP_MAX_NEW_TOKENS)
@@ -109,6 +109,10 @@ def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
         waiting_programs = None
         cache.step(now(), program_waiting)
         plan = next_batch(running_batch=running_batch, last_batch=last_batch)
+        batch = plan.batch_to_run
+        if batch is not None and not batch.forward_mode.is_decode():
+            for req in batch.reqs:  # newly admitted turns hold their prefix now: consume pins
+                cache.on_admitted(req)
         if (
             plan.batch_to_run is None
             and scheduler.waiting_queue

@@ -5,7 +5,7 @@ turn is released, and owned by the controller's pin table. Because it is a lock,
 prefix is protected (not evictable, not counted as admission budget) by SGLang's own machinery,
 and giving it back is an ``unlock``. The pin is taken in ``on_release`` right after the
 request's own lock is dropped, in the same call, so the prefix is never unprotected in between;
-it is consumed once the program's next turn holds its own lock on the prefix.
+it is consumed once the program's next turn is admitted, holding its own lock on the prefix.
 """
 
 from __future__ import annotations
@@ -24,9 +24,12 @@ from sglang_continuum.core.clock import Clock, StepClock, monotonic_clock
 from sglang_continuum.core.controller import ContinuumController, TurnTag
 from sglang_continuum.core.metadata import MalformedReporter
 from sglang_continuum.core.pins import Pin
+from sglang_continuum.core.persistence import load_stats, save_stats
 from sglang_continuum.core.settings import ContinuumSettings
 
 logger = logging.getLogger(__name__)
+
+ADMITTED_ATTR = "_continuum_admitted"
 
 # Identifies the tool a finished turn called: (req) -> tool name or None. Set by the binding.
 ToolIdentifier = Callable[[Req], Optional[str]]
@@ -51,9 +54,10 @@ class ContinuumRadixCache(UnifiedRadixCache):
         if params.enable_metrics:
             self.metrics = ContinuumMetrics(tp_rank=getattr(params, "tp_rank", 0) or 0)
         self.identify_tool: ToolIdentifier = lambda req: None
-        # Waiting turns of pinned programs, refreshed by the policy each time it orders the queue:
-        # program id -> (request, the pin that was live when we saw it waiting).
-        self._watch: dict[str, tuple[Req, Pin]] = {}
+        self._is_stats_writer = (getattr(params, "tp_rank", 0) or 0) == 0 and params.pp_rank == 0
+        self._next_stats_save = self.step_clock() + self.settings.stats_save_interval_s
+        if self.settings.stats_path:
+            load_stats(self.continuum, self.settings.stats_path)
 
     # -- request lifecycle ---------------------------------------------------------------
     def tag_request(self, req: Req) -> TurnTag:
@@ -70,18 +74,9 @@ class ContinuumRadixCache(UnifiedRadixCache):
         if self.continuum is None or tag is None or not tag.meta.has_program:
             return
         pid = tag.meta.program_id
-        self._consume_if_admitted(pid, req)
         aborted = isinstance(req.finished_reason, FINISH_ABORT)
         if checkpointed and req.finished() and not aborted:
-            handle = None if tag.meta.is_last_step else self.lock(req.last_node)
-            outcome = self.continuum.turn_finished(
-                tag.meta, context_tokens=context_tokens(req), tool=self.identify_tool(req), handle=handle
-            )
-            if outcome.pin is None and handle is not None:
-                self.unlock(handle)
-            if outcome.ttl is not None and self.metrics is not None:
-                self.metrics.observe_ttl(outcome.ttl)
-            self._release(outcome.release)
+            self.finish_turn(tag.meta, req.last_node, context_tokens(req), self.identify_tool(req))
         elif req.finished():  # aborted
             self._release(self.continuum.turn_aborted(tag.meta))
         else:  # retracted: it will queue again; its pin (if any) must not hold memory meanwhile
@@ -90,32 +85,40 @@ class ContinuumRadixCache(UnifiedRadixCache):
                 self.continuum.counters.released += 1
                 self._release([pin])
 
-    # -- called by the policy and the binding --------------------------------------------
-    def watch_waiting(self, waiting: Iterable[Req]) -> None:
-        """Remember the waiting turns of pinned programs so the next step can consume pins."""
-        watch: dict[str, tuple[Req, Pin]] = {}
-        pins = self.continuum.pins
-        if len(pins):
-            for req in waiting:
-                tag = get_tag(req)
-                if tag is not None and tag.meta.program_id is not None:
-                    pin = pins.get(tag.meta.program_id)
-                    if pin is not None and tag.meta.program_id not in watch:
-                        watch[tag.meta.program_id] = (req, pin)
-        self._watch = watch
+    def finish_turn(self, meta, node, tokens: int, tool: Optional[str]) -> Optional[Pin]:
+        """A turn's context is in the tree at ``node`` (``tokens`` long): pin it or not."""
+        handle = None if meta.is_last_step else self.lock(node)
+        outcome = self.continuum.turn_finished(meta, context_tokens=tokens, tool=tool, handle=handle)
+        if outcome.pin is None and handle is not None:
+            self.unlock(handle)
+        if outcome.ttl is not None and self.metrics is not None:
+            self.metrics.observe_ttl(outcome.ttl)
+        self._release(outcome.release)
+        return outcome.pin
+
+    # -- called by the binding ----------------------------------------------------------
+    def on_admitted(self, req: Req) -> None:
+        """``req`` was just admitted into a prefill batch and holds its own lock on its prefix."""
+        if getattr(req, ADMITTED_ATTR, False):
+            return
+        setattr(req, ADMITTED_ATTR, True)
+        tag = get_tag(req)
+        if tag is not None:
+            self._release([self.continuum.turn_admitted(tag)])
 
     def step(self, now: float, program_waiting: Callable[[str], bool]) -> None:
-        """Once per scheduler iteration: advance the clock, consume, expire, publish metrics."""
+        """Once per scheduler iteration: advance the clock, expire pins, publish metrics."""
         self.step_clock.set(now)
-        if self._watch:
-            for pid, (req, _) in list(self._watch.items()):
-                if req.lock is not None:
-                    self._consume_if_admitted(pid, req)
-                elif req.finished():
-                    self._watch.pop(pid, None)
         self._release(self.continuum.expire(program_waiting))
         if self.metrics is not None:
             self.metrics.update(self.continuum)
+        if self.settings.stats_path and now >= self._next_stats_save:
+            self._next_stats_save = now + self.settings.stats_save_interval_s
+            self.save_stats()
+
+    def save_stats(self) -> None:
+        if self.settings.stats_path and self._is_stats_writer:
+            save_stats(self.continuum, self.settings.stats_path)
 
     def shed_until(self, fits: Callable[[], bool], keep_program: Optional[str] = None) -> int:
         """Release pins, latest program arrival first, until ``fits()``; return how many."""
@@ -163,24 +166,18 @@ class ContinuumRadixCache(UnifiedRadixCache):
             result.mamba_num_evicted += more.mamba_num_evicted
         return result
 
+    def shutdown(self) -> None:
+        self.save_stats()  # warm start for the next server
+        super().shutdown()
+
     def reset(self) -> None:
         # flush_cache rebuilds the tree: pins point at nodes that no longer exist, so drop them
         # without unlocking.
         if self.continuum is not None:
             self.continuum.pins.clear()
-            self._watch = {}
         super().reset()
 
     # -- internals -----------------------------------------------------------------------
-    def _consume_if_admitted(self, pid: str, req: Req) -> None:
-        watched = self._watch.get(pid)
-        if watched is None or watched[0] is not req:
-            return
-        del self._watch[pid]
-        if self.continuum.pins.get(pid) is watched[1]:
-            pin = self.continuum.turn_admitted(pid)
-            self._release([pin])
-
     def _release(self, pins: Iterable[Optional[Pin]]) -> None:
         for pin in pins:
             if pin is not None and pin.handle is not None:

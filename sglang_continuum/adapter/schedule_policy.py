@@ -58,4 +58,3 @@ class ContinuumSchedulePolicy(SchedulePolicy):
         if any_program:
             order = sorted(range(len(waiting_queue)), key=keys.__getitem__)
             waiting_queue[:] = [waiting_queue[i] for i in order]
-        cache.watch_waiting(waiting_queue)

@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from sglang_continuum.core import cost_model  # noqa: F401  (registers the "cost" and "bernstein" models)
 from sglang_continuum.core.clock import Clock
 from sglang_continuum.core.metadata import ProgramMeta
 from sglang_continuum.core.pins import Pin, PinTable
@@ -29,6 +30,8 @@ class TurnTag:
     meta: ProgramMeta
     request_seq: int
     program_seq: int  # == request_seq for requests without a program
+    arrival: float = 0.0
+    returning_miss: bool = False  # a later turn whose program held no pin when it arrived
 
 
 @dataclass(slots=True)
@@ -77,9 +80,10 @@ class ContinuumController:
     # -- events --------------------------------------------------------------------------
     def turn_arrived(self, meta: ProgramMeta) -> TurnTag:
         seq = next(self._seq)
+        now = self.clock()
         if not meta.has_program:
-            return TurnTag(meta, seq, seq)
-        state, ret = self.programs.turn_arrived(meta.program_id, self.clock(), seq)
+            return TurnTag(meta, seq, seq, now)
+        state, ret = self.programs.turn_arrived(meta.program_id, now, seq)
         if ret is not None:
             self.stats.record(ret.tool, ret.seconds)
             observe = getattr(self.ttl_model, "observe_tool_return", None)
@@ -87,14 +91,22 @@ class ContinuumController:
                 observe(ret)
             if self._on_tool_return is not None:
                 self._on_tool_return(ret)
-        return TurnTag(meta, seq, state.arrival_seq)
+        miss = state.turns_arrived > 1 and meta.program_id not in self.pins
+        return TurnTag(meta, seq, state.arrival_seq, now, miss)
 
-    def turn_admitted(self, program_id: str) -> Optional[Pin]:
-        """The program's next turn now holds its own lock on the prefix: consume the pin."""
-        pin = self.pins.pop(program_id)
+    def turn_admitted(self, tag: TurnTag) -> Optional[Pin]:
+        """The turn was admitted and holds its own lock on its prefix: consume the program's pin
+        (a hit), and feed the queueing delay of returning turns that missed into T."""
+        if tag.returning_miss:
+            observe = getattr(self.ttl_model, "observe_queue_delay", None)
+            if observe is not None:
+                observe(self.clock() - tag.arrival)
+        if not tag.meta.has_program:
+            return None
+        pin = self.pins.pop(tag.meta.program_id)
         if pin is not None:
             self.counters.hits += 1
-            logger.debug("continuum: pin hit program=%s tokens=%d", program_id, pin.tokens)
+            logger.debug("continuum: pin hit program=%s tokens=%d", tag.meta.program_id, pin.tokens)
         return pin
 
     def turn_finished(
@@ -195,3 +207,31 @@ class ContinuumController:
 
     def program(self, program_id: str) -> Optional[ProgramState]:
         return self.programs.get(program_id)
+
+    # -- warm start ----------------------------------------------------------------------
+    def snapshot(self) -> dict:
+        """Tool statistics plus the model's current signals: what warm start saves and loads,
+        and what an operator reads to see why TTLs are what they are."""
+        model = self.ttl_model
+        signals = {}
+        if hasattr(model, "queue_delay"):
+            signals = {
+                "queue_delay_mean_s": model.queue_delay.mean,
+                "queue_delay_samples": len(model.queue_delay),
+                "eta": model.eta.eta,
+                "completed_programs": len(model.eta),
+                "program_turns": list(model.eta._programs),
+            }
+        return {
+            "ttl_model": self.settings.ttl_model,
+            "tool_stats": self.stats.to_dict(),
+            "signals": signals,
+            "pins": {"live": len(self.pins), "tokens": self.pins.pinned_tokens, "budget": self.pins.budget_tokens},
+            "counters": {f: getattr(self.counters, f) for f in PinCounters.__slots__},
+        }
+
+    def load_snapshot(self, data: dict) -> None:
+        self.stats.load_dict(data["tool_stats"])
+        eta = getattr(self.ttl_model, "eta", None)
+        for n in data.get("signals", {}).get("program_turns", []) if eta is not None else []:
+            eta.add(int(n))

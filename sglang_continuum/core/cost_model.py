@@ -1,0 +1,246 @@
+"""The paper's TTL cost model (Continuum, section 4) and the earlier Bernstein-bound variant.
+
+    tau* = argmax over tau in {0} U samples of  P(tau, f) * (T * eta + PrefillReload(r)) - tau
+
+* ``P(tau, f)``: empirical CDF of tool ``f``'s durations (``ToolStats`` windows, kept sorted).
+* ``T``: sliding-window mean queueing delay of returning turns that missed their prefix.
+* ``eta = -Corr(k, N - k)`` over completed programs (k turns served, N total): 1 for fixed-length
+  programs, about 0 for memoryless ones; it scales how much of T a hit really saves.
+* ``PrefillReload(r)``: seconds to rebuild the context (``PrefillProfile``).
+* Cold start (threshold K): ``|S| <= K`` -> the optimum under Exp(1) tool times with eta = 1,
+  ``ln(B)`` for ``B > 1`` else 0; ``|S[f]| <= K`` -> the global CDF; otherwise the tool's own.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from sglang_continuum.core.programs import ToolReturn
+from sglang_continuum.core.tool_stats import SampleWindow, ToolStats
+from sglang_continuum.core.ttl import TTLQuery, _argmax_sorted, register_ttl_model
+
+
+@dataclass
+class PrefillProfile:
+    """Seconds to prefill ``n`` tokens: ``c0 + c1*n + c2*n^2`` fitted on measured points."""
+
+    coeffs: tuple[float, float, float]
+    name: str = "default"
+    notes: str = ""
+    points: list = field(default_factory=list)
+
+    def seconds(self, tokens: int) -> float:
+        c0, c1, c2 = self.coeffs
+        return max(0.0, c0 + c1 * tokens + c2 * tokens * tokens)
+
+    @classmethod
+    def fit(cls, points: Sequence[tuple[int, float]], **kw) -> "PrefillProfile":
+        """Least-squares quadratic through (tokens, seconds) with non-negative coefficients."""
+        from scipy.optimize import nnls
+
+        x = np.array([p[0] for p in points], dtype=np.float64)
+        y = np.array([p[1] for p in points], dtype=np.float64)
+        if x.size < 3:
+            raise ValueError("need at least 3 points to fit a quadratic")
+        scale = max(1.0, float(x.max()))  # condition the system
+        a = np.stack([np.ones_like(x), x / scale, (x / scale) ** 2], axis=1)
+        c, _ = nnls(a, y)
+        return cls((float(c[0]), float(c[1] / scale), float(c[2] / scale**2)), points=[list(p) for p in points], **kw)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "PrefillProfile":
+        data = json.loads(Path(path).read_text())
+        return cls(tuple(data["coeffs"]), name=data.get("name", Path(path).stem), notes=data.get("notes", ""),
+                   points=data.get("points", []))
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "coeffs": list(self.coeffs), "points": self.points, "notes": self.notes}
+
+
+# Used when no profile is configured: about 8k tokens/s with a mild quadratic term, a deliberately
+# middle-of-the-road guess; serving setups should point SGLANG_CONTINUUM_PREFILL_PROFILE at a
+# measured profile (scripts/profile_prefill.py).
+DEFAULT_PROFILE = PrefillProfile((0.02, 1.2e-4, 1.0e-9), name="builtin-default")
+
+
+class SlidingMean:
+    def __init__(self, size: int) -> None:
+        self._xs: deque[float] = deque(maxlen=size)
+        self._sum = 0.0
+
+    def add(self, x: float) -> None:
+        if len(self._xs) == self._xs.maxlen:
+            self._sum -= self._xs[0]
+        self._xs.append(x)
+        self._sum += x
+
+    def __len__(self) -> int:
+        return len(self._xs)
+
+    @property
+    def mean(self) -> float:
+        return self._sum / len(self._xs) if self._xs else 0.0
+
+
+class EtaEstimator:
+    """``eta = -Corr(k, N - k)`` over the decision points (k = 1..N-1) of the last programs.
+
+    Each completed program of N turns adds its N-1 decision points; their sums have closed forms,
+    so adding or dropping a program is O(1). Undefined correlation (no data, or no spread in k)
+    gives the cold-start value 1.
+    """
+
+    def __init__(self, window: int = 1000) -> None:
+        self._programs: deque[int] = deque(maxlen=window)
+        self._s = np.zeros(6)  # n, sum k, sum r, sum k^2, sum r^2, sum k*r
+
+    @staticmethod
+    def _sums(n_turns: int) -> np.ndarray:
+        m = n_turns - 1
+        if m <= 0:
+            return np.zeros(6)
+        N = float(n_turns)
+        sk = m * (m + 1) / 2
+        skk = m * (m + 1) * (2 * m + 1) / 6
+        sr = m * N - sk
+        srr = m * N * N - 2 * N * sk + skk
+        skr = N * sk - skk
+        return np.array([m, sk, sr, skk, srr, skr])
+
+    def add(self, n_turns: int) -> None:
+        if len(self._programs) == self._programs.maxlen:
+            self._s -= self._sums(self._programs[0])
+        self._programs.append(int(n_turns))
+        self._s += self._sums(int(n_turns))
+
+    def __len__(self) -> int:
+        return len(self._programs)
+
+    @property
+    def mean_turns(self) -> float:
+        return float(np.mean(self._programs)) if self._programs else 0.0
+
+    @property
+    def eta(self) -> float:
+        n, sk, sr, skk, srr, skr = self._s
+        var_k = n * skk - sk * sk
+        var_r = n * srr - sr * sr
+        if n < 2 or var_k <= 1e-9 * max(1.0, n * skk) or var_r <= 1e-9 * max(1.0, n * srr):
+            return 1.0
+        return float(-(n * skr - sk * sr) / math.sqrt(var_k * var_r))
+
+
+class _Signals:
+    """What both statistical models observe besides tool times."""
+
+    def __init__(self, settings) -> None:
+        self.queue_delay = SlidingMean(settings.queue_delay_window)
+        self.eta = EtaEstimator(settings.eta_window)
+
+    def observe_queue_delay(self, seconds: float) -> None:
+        self.queue_delay.add(max(0.0, float(seconds)))
+
+    def observe_program_end(self, n_turns: int) -> None:
+        self.eta.add(n_turns)
+
+    def observe_tool_return(self, ret: ToolReturn) -> None:  # tool samples live in ToolStats
+        pass
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    ttl: float
+    source: str  # "cold" | "global" | "tool"
+    benefit_s: float
+    samples: int
+
+
+class CostModelTTL(_Signals):
+    name = "cost"
+
+    def __init__(self, stats: ToolStats, settings, profile: Optional[PrefillProfile] = None) -> None:
+        super().__init__(settings)
+        self.stats = stats
+        self.k = settings.cold_start_k
+        self.profile = profile or DEFAULT_PROFILE
+        self.last: Optional[Decision] = None
+        self._ranks: dict[int, np.ndarray] = {}
+
+    def benefit_s(self, context_tokens: int) -> float:
+        return self.queue_delay.mean * self.eta.eta + self.profile.seconds(context_tokens)
+
+    def decide(self, query: TTLQuery) -> Decision:
+        benefit = self.benefit_s(query.context_tokens)
+        glob = self.stats.global_samples
+        if len(glob) <= self.k:
+            ttl = math.log(benefit) if benefit > 1.0 else 0.0
+            return Decision(ttl, "cold", benefit, len(glob))
+        window = self.stats.tool(query.tool)
+        source = "tool"
+        if window is None or len(window) <= self.k:
+            window, source = glob, "global"
+        return Decision(self._argmax(window, benefit), source, benefit, len(window))
+
+    def ttl(self, query: TTLQuery) -> float:
+        self.last = self.decide(query)
+        return self.last.ttl
+
+    def _argmax(self, window: SampleWindow, benefit: float) -> float:
+        if benefit <= 0:
+            return 0.0
+        s = window.sorted
+        ranks = self._ranks.get(s.size)
+        if ranks is None:
+            if len(self._ranks) > 64:
+                self._ranks.clear()
+            ranks = self._ranks[s.size] = np.arange(1, s.size + 1, dtype=np.float64) / s.size
+        return _argmax_sorted(s, benefit, ranks)
+
+
+class BernsteinTTL(_Signals):
+    """Seed 003, section 4.3: ``TTL = T_default^2 / B(f) * (1 + alpha * AvgTurns)`` with B an
+    empirical-Bernstein upper bound on the tool's duration
+    ``mu + sqrt(2 sigma^2 ln(3/delta) / n) + 3 b ln(3/delta) / n`` (b = the largest sample);
+    per tool with at least ``min_samples`` samples, else global, else ``T_default``."""
+
+    name = "bernstein"
+
+    def __init__(self, stats: ToolStats, settings) -> None:
+        super().__init__(settings)
+        self.stats = stats
+        self.t_default = settings.bernstein_t_default_s
+        self.delta = settings.bernstein_delta
+        self.alpha = settings.bernstein_alpha
+        self.min_samples = settings.bernstein_min_samples
+
+    def bound(self, window: SampleWindow) -> float:
+        n = len(window)
+        log_term = math.log(3.0 / self.delta)
+        b = float(window.sorted[-1])
+        return window.mean + math.sqrt(2.0 * window.variance * log_term / n) + 3.0 * b * log_term / n
+
+    def ttl(self, query: TTLQuery) -> float:
+        window = self.stats.tool(query.tool)
+        if window is None or len(window) < self.min_samples:
+            window = self.stats.global_samples
+        if len(window) < self.min_samples:
+            return self.t_default
+        bound = self.bound(window)
+        if bound <= 0:
+            return self.t_default
+        return self.t_default**2 / bound * (1.0 + self.alpha * self.eta.mean_turns)
+
+
+def _profile_from(settings) -> Optional[PrefillProfile]:
+    return PrefillProfile.load(settings.prefill_profile) if settings.prefill_profile else None
+
+
+register_ttl_model("cost", lambda *, settings, stats, **_: CostModelTTL(stats, settings, _profile_from(settings)))
+register_ttl_model("bernstein", lambda *, settings, stats, **_: BernsteinTTL(stats, settings))

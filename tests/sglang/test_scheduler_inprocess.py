@@ -1,0 +1,160 @@
+"""Tier 2: SGLang's real Scheduler, built and stepped in this process, with the tiny model.
+
+One scheduler for the module (building one takes ~15 s on 2 cores). It runs the default cost
+model with warm-started statistics: tool "fast" always returns in 20 s, tool "slow" in 500 s, and
+a steep prefill profile makes a hit worth ~1 s per context token, so the model pins "fast" turns
+(for 20 s) and never "slow" ones.
+"""
+
+import json
+import random
+
+import pytest
+
+from sglang_continuum.core.tool_stats import ToolStats
+from tests.support.inprocess import SchedulerDriver, build_scheduler
+
+pytestmark = pytest.mark.sglang
+POOL = 1024
+
+
+@pytest.fixture(scope="module")
+def driver(tiny_model, tmp_path_factory):
+    d = tmp_path_factory.mktemp("continuum")
+    stats = ToolStats()
+    for _ in range(150):
+        stats.record("fast", 20.0)
+        stats.record("slow", 500.0)
+    stats_path = d / "stats.json"
+    stats_path.write_text(json.dumps({"tool_stats": stats.to_dict()}))
+    profile = d / "profile.json"
+    profile.write_text(json.dumps({"name": "steep", "coeffs": [0.0, 1.0, 0.0]}))
+    env = {
+        "SGLANG_CONTINUUM_STATS_PATH": str(stats_path),
+        "SGLANG_CONTINUUM_PREFILL_PROFILE": str(profile),
+        "SGLANG_CONTINUUM_PIN_BUDGET_FRACTION": "0.6",
+    }
+    mp = pytest.MonkeyPatch()
+    for k, v in env.items():
+        mp.setenv(k, v)
+    sched = build_scheduler(tiny_model, max_total_tokens=POOL)
+    yield SchedulerDriver(sched)
+    mp.undo()
+
+
+def tokens(rng, n, vocab=500):
+    return [rng.randrange(5, vocab) for _ in range(n)]
+
+
+def meta(pid, tool=None, last=False):
+    p = {"program_id": pid, "is_last_step": last}
+    if tool:
+        p["tool_name"] = tool
+    return p
+
+
+def drain_pins(driver):
+    cache = driver.s.tree_cache
+    for pin in cache.continuum.pins:
+        cache.continuum.pins.pop(pin.program_id)
+        cache._release([pin])
+
+
+def test_plugin_objects_are_installed(driver):
+    from sglang_continuum.adapter.radix_cache import ContinuumRadixCache
+    from sglang_continuum.adapter.schedule_policy import ContinuumSchedulePolicy
+
+    assert isinstance(driver.s.tree_cache, ContinuumRadixCache)
+    assert isinstance(driver.s.policy, ContinuumSchedulePolicy)
+    assert driver.s.tree_cache.settings.ttl_model == "cost"
+
+
+def test_second_turn_hits_whole_context_after_pool_was_filled(driver):
+    rng = random.Random(1)
+    ctx = tokens(rng, 200)
+    r1 = driver.submit(ctx, max_new_tokens=8, custom_params=meta("agent-1", "fast"))
+    driver.run_until_idle()
+    cache = driver.s.tree_cache
+    assert cache.continuum.pins.get("agent-1") is not None
+    # other programs fill the pool during the tool gap
+    fillers = [tokens(rng, 250) for _ in range(4)]
+    for f in fillers:
+        driver.submit(f, max_new_tokens=4)
+    driver.run_until_idle()
+    from tests.support.cpu_cache import key
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+
+    evicted = cache.match_prefix(MatchPrefixParams(key=key(fillers[0]))).device_prefix_len < 250
+    assert evicted, "the fillers did not create memory pressure"
+    previous = ctx + driver.output_ids(r1)
+    r2 = driver.submit(previous + tokens(rng, 20), max_new_tokens=4, custom_params=meta("agent-1", last=True))
+    driver.run_until_idle()
+    # the last output token's KV is never computed, so the reusable context is one shorter
+    assert driver.req(r2).cached_tokens == len(previous) - 1
+    assert cache.continuum.counters.hits >= 1 and "agent-1" not in cache.continuum.pins
+
+
+def test_slow_tool_is_not_pinned_and_its_prefix_is_lost_under_pressure(driver):
+    rng = random.Random(2)
+    ctx = tokens(rng, 200)
+    driver.submit(ctx, max_new_tokens=8, custom_params=meta("agent-slow", "slow"))
+    driver.run_until_idle()
+    cache = driver.s.tree_cache
+    assert cache.continuum.pins.get("agent-slow") is None
+    assert cache.continuum.ttl_model.last.ttl == 0.0 and cache.continuum.ttl_model.last.source == "tool"
+    for _ in range(4):
+        driver.submit(tokens(rng, 250), max_new_tokens=4)
+    driver.run_until_idle()
+    r2 = driver.submit(ctx + tokens(rng, 20), max_new_tokens=4, custom_params=meta("agent-slow", last=True))
+    driver.run_until_idle()
+    assert driver.req(r2).cached_tokens < 200
+
+
+def test_waiting_queue_is_program_fcfs(driver):
+    rng = random.Random(3)
+    drain_pins(driver)
+    pinned_ctx = tokens(rng, 60)
+    a1 = driver.submit(pinned_ctx, max_new_tokens=4, custom_params=meta("A", "fast"))
+    driver.run_until_idle()
+    assert "A" in driver.s.tree_cache.continuum.pins
+    # Arrival order: E1, F1, X (no program), E2 (second request of E), A2 (A's next turn).
+    e1 = driver.submit(tokens(rng, 30), custom_params=meta("E"))
+    f1 = driver.submit(tokens(rng, 30), custom_params=meta("F"))
+    x = driver.submit(tokens(rng, 30))
+    e2 = driver.submit(tokens(rng, 30), custom_params=meta("E"))
+    a2 = driver.submit(pinned_ctx + driver.output_ids(a1) + tokens(rng, 5), custom_params=meta("A", last=True))
+    r = driver.submit(tokens(rng, 30))
+    driver.req(r).is_retracted = True  # a preempted request (engine flag) goes before everyone
+    driver.s.policy.calc_priority(driver.s.waiting_queue, driver.s.running_batch)
+    assert [q.rid for q in driver.s.waiting_queue] == [r, a2, e1, e2, f1, x]
+    driver.req(r).is_retracted = False  # no longer preempted: it queues by its own arrival
+    start = len(driver.admitted)
+    driver.run_until_idle()
+    assert driver.admitted[start:] == [a2, e1, e2, f1, x, r]
+
+
+def test_queue_without_program_ids_keeps_fcfs_order(driver):
+    rng = random.Random(4)
+    rids = [driver.submit(tokens(rng, 20)) for _ in range(5)]
+    before = [q.rid for q in driver.s.waiting_queue]
+    driver.s.policy.calc_priority(driver.s.waiting_queue, driver.s.running_batch)
+    assert [q.rid for q in driver.s.waiting_queue] == before == rids
+    driver.run_until_idle()
+
+
+def test_garbage_metadata_is_served_like_fcfs(driver):
+    rng = random.Random(5)
+    bad = driver.submit(tokens(rng, 20), custom_params={"program_id": ["x"], "is_last_step": "perhaps"})
+    driver.run_until_idle()
+    assert driver.req(bad).finished() and len(driver.output_ids(bad)) == 4
+    assert driver.s.tree_cache.report_malformed.count >= 1
+
+
+def test_all_kv_returns_after_programs_end(driver):
+    drain_pins(driver)
+    cache = driver.s.tree_cache
+    assert cache.protected_size() == 0
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    cache.evict(EvictParams(num_tokens=10**6))
+    assert cache.token_to_kv_pool_allocator.available_size() == cache.token_to_kv_pool_allocator.size

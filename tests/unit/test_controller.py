@@ -1,0 +1,152 @@
+"""The controller's event semantics, with a manual clock and fake handles."""
+
+import pytest
+
+from sglang_continuum.core.clock import ManualClock
+from sglang_continuum.core.controller import ContinuumController
+from sglang_continuum.core.metadata import ProgramMeta
+from sglang_continuum.core.priority import program_fcfs_key
+from sglang_continuum.core.settings import ContinuumSettings
+
+
+def make(ttl_model="fixed", budget=10_000, **kw):
+    clock = ManualClock()
+    s = ContinuumSettings(ttl_model=ttl_model, **kw)
+    return ContinuumController(s, clock=clock, budget_tokens=budget), clock
+
+
+def turn(pid, last=False, tool=None):
+    return ProgramMeta(pid, last, tool)
+
+
+def test_non_final_turn_pins_final_turn_does_not():
+    c, clock = make(fixed_ttl_s=3.0)
+    c.turn_arrived(turn("p"))
+    out = c.turn_finished(turn("p"), context_tokens=100, handle="lock1")
+    assert out.pin is not None and out.pin.deadline == 3.0 and out.ttl == 3.0
+    tag = c.turn_arrived(turn("p", last=True))
+    assert not tag.returning_miss
+    assert c.turn_admitted(tag).handle == "lock1" and c.counters.hits == 1
+    out = c.turn_finished(turn("p", last=True), context_tokens=150, handle=None)
+    assert out.pin is None and "p" not in c.programs and len(c.pins) == 0
+
+
+def test_last_step_releases_a_pin_left_by_a_concurrent_turn():
+    c, _ = make()
+    c.turn_arrived(turn("p"))
+    c.turn_arrived(turn("p", last=True))
+    c.turn_finished(turn("p"), context_tokens=10, handle="h1")
+    out = c.turn_finished(turn("p", last=True), context_tokens=12, handle=None)
+    assert [p.handle for p in out.release] == ["h1"] and len(c.pins) == 0
+
+
+def test_two_turns_in_flight_replace_not_crash():
+    c, _ = make()
+    c.turn_arrived(turn("p"))
+    c.turn_arrived(turn("p"))
+    a = c.turn_finished(turn("p"), context_tokens=10, handle="h1")
+    b = c.turn_finished(turn("p"), context_tokens=11, handle="h2")
+    assert a.pin is not None and [p.handle for p in b.release] == ["h1"]
+    assert c.pins.get("p").handle == "h2"
+
+
+def test_requests_without_program_never_pin():
+    c, _ = make()
+    tag = c.turn_arrived(ProgramMeta())
+    assert tag.program_seq == tag.request_seq
+    assert c.turn_finished(ProgramMeta(), context_tokens=99, handle="h").pin is None
+    assert len(c.programs) == 0
+
+
+def test_expiry_respects_waiting_turns_but_only_for_a_bounded_time():
+    c, clock = make(fixed_ttl_s=1.0, max_wait_hold_s=4.0)
+    c.turn_arrived(turn("p"))
+    c.turn_finished(turn("p"), context_tokens=10, handle="h")
+    clock.advance(1.5)
+    assert c.expire(lambda pid: True) == []  # next turn waits: held
+    clock.advance(3.6)  # 5.1 > 1.0 + 4.0
+    assert [p.handle for p in c.expire(lambda pid: True)] == ["h"] and c.counters.expired == 1
+
+
+def test_expiry_without_waiting_turn():
+    c, clock = make(fixed_ttl_s=1.0)
+    c.turn_arrived(turn("p"))
+    c.turn_finished(turn("p"), context_tokens=10, handle="h")
+    clock.advance(0.99)
+    assert c.expire(lambda pid: False) == []
+    clock.advance(0.02)
+    assert len(c.expire(lambda pid: False)) == 1
+
+
+def test_abort_releases_and_forgets_pending_tool():
+    c, clock = make()
+    c.turn_arrived(turn("p"))
+    c.turn_finished(turn("p", tool="bash"), context_tokens=10, handle="h")
+    assert [p.handle for p in c.turn_aborted(turn("p"))] == ["h"]
+
+
+def test_tool_time_recorded_on_return_and_client_tool_wins():
+    c, clock = make()
+    c.turn_arrived(turn("p"))
+    clock.advance(1.0)
+    c.turn_finished(turn("p", tool="search"), context_tokens=10, tool="parsed_tool", handle="h")
+    clock.advance(2.5)
+    c.turn_arrived(turn("p"))
+    assert c.stats.tool("search").samples() == [2.5]
+    assert c.stats.tool("parsed_tool") is None
+
+
+def test_ttl_is_capped_and_zero_means_no_pin():
+    c, _ = make(fixed_ttl_s=100.0, max_ttl_s=7.0)
+    c.turn_arrived(turn("p"))
+    assert c.turn_finished(turn("p"), context_tokens=10, handle="h").pin.deadline == 7.0
+    c2, _ = make(fixed_ttl_s=0.0)
+    c2.turn_arrived(turn("q"))
+    out = c2.turn_finished(turn("q"), context_tokens=10, handle="h")
+    assert out.pin is None and out.ttl == 0.0
+
+
+def test_budget_refusal_and_shed_counts():
+    c, _ = make(budget=100)
+    for pid in ("a", "b"):
+        c.turn_arrived(turn(pid))
+    c.turn_finished(turn("b"), context_tokens=80, handle="hb")  # b arrived later
+    out = c.turn_finished(turn("a"), context_tokens=80, handle="ha")
+    assert out.pin is not None and [p.handle for p in out.release] == ["hb"] and c.counters.shed == 1
+    c.turn_arrived(turn("z"))
+    out = c.turn_finished(turn("z"), context_tokens=50, handle="hz")
+    assert out.pin is None and c.counters.refused == 1
+
+
+def test_reference_rule():
+    c, clock = make(ttl_model="reference")
+    for i, gap in enumerate([1.0, 3.0, 4.0]):
+        c.turn_arrived(turn("p"))
+        out = c.turn_finished(turn("p", tool="slow"), context_tokens=10, handle=f"h{i}")
+        clock.advance(gap)
+    # unseen tool: pinned 2 s; then the mean of {1} <= 2 pins, the mean of {1, 3} = 2 pins,
+    # the mean of {1, 3, 4} > 2 does not.
+    c.turn_arrived(turn("p"))
+    assert c.turn_finished(turn("p", tool="slow"), context_tokens=10, handle="h").pin is None
+
+
+def test_priority_key_order():
+    keys = {
+        "retracted": program_fcfs_key(True, False, 9, 9),
+        "pinned": program_fcfs_key(False, True, 5, 8),
+        "old_program": program_fcfs_key(False, False, 1, 7),
+        "new_program": program_fcfs_key(False, False, 3, 2),
+        "new_program_later_turn": program_fcfs_key(False, False, 3, 4),
+    }
+    assert sorted(keys, key=keys.get) == ["retracted", "pinned", "old_program", "new_program", "new_program_later_turn"]
+
+
+def test_settings_from_env_and_file(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('ttl_model = "reference"\nmax_ttl_s = 9.0\n')
+    s = ContinuumSettings.load({"SGLANG_CONTINUUM_CONFIG": str(f), "SGLANG_CONTINUUM_MAX_TTL_S": "4"})
+    assert s.ttl_model == "reference" and s.max_ttl_s == 4.0
+    with pytest.raises(ValueError, match="invalid sglang-continuum settings"):
+        ContinuumSettings.load({"SGLANG_CONTINUUM_PIN_BUDGET_FRACTION": "2"})
+    with pytest.raises(ValueError, match="no such file"):
+        ContinuumSettings.load({"SGLANG_CONTINUUM_CONFIG": str(tmp_path / "missing.toml")})

@@ -1,0 +1,50 @@
+import pytest
+
+from sglang_continuum.core.metadata import NO_PROGRAM, MalformedReporter, parse_program_meta
+
+
+def test_reads_program_id_last_step_and_tool():
+    m = parse_program_meta({"program_id": "agent-7", "is_last_step": True, "tool_name": "bash"})
+    assert (m.program_id, m.is_last_step, m.tool_name) == ("agent-7", True, "bash")
+
+
+@pytest.mark.parametrize("value,expected", [(1, True), (0, False), ("true", True), ("no", False), (None, False)])
+def test_last_step_spellings(value, expected):
+    assert parse_program_meta({"program_id": 3, "is_last_step": value}).is_last_step is expected
+
+
+def test_aliases_and_session_id_fallback():
+    assert parse_program_meta({"job_id": 5, "last_step": True}).program_id == "5"
+    assert parse_program_meta(None, session_id="s-1").program_id == "s-1"
+    assert parse_program_meta({"program_id": "x"}, session_id="s-1").program_id == "x"
+
+
+def test_no_metadata_is_no_program():
+    assert parse_program_meta(None) is NO_PROGRAM
+    assert parse_program_meta({"temperature_hint": 1}) is NO_PROGRAM
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"program_id": ["a"]}, {"program_id": ""}, {"program_id": True}, {"program_id": "x" * 1000}, "garbage", 17],
+)
+def test_malformed_program_id_is_ignored_not_raised(params):
+    problems = []
+    assert parse_program_meta(params, report=lambda pid, p: problems.append(p)) is NO_PROGRAM
+    assert problems
+
+
+def test_malformed_flag_keeps_program_and_is_reported_once():
+    logged = []
+    rep = MalformedReporter(log=lambda *a: logged.append(a))
+    for _ in range(5):
+        m = parse_program_meta({"program_id": "p", "is_last_step": "maybe", "tool_name": 3}, report=rep)
+        assert m.program_id == "p" and m.is_last_step is False and m.tool_name is None
+    assert len(logged) == 2 and rep.count == 10  # two distinct problems, each logged once
+
+
+def test_reporter_memory_is_bounded():
+    rep = MalformedReporter(max_entries=8, log=lambda *a: None)
+    for i in range(100):
+        rep(f"p{i}", "bad")
+    assert len(rep._seen) == 8

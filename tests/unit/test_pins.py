@@ -1,0 +1,157 @@
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang_continuum.core.pins import Pin, PinTable
+
+
+def pin(pid, tokens=10, deadline=1.0, arrival=0.0):
+    return Pin(program_id=pid, tokens=tokens, deadline=deadline, program_arrival=arrival, created=0.0)
+
+
+def test_add_pop_and_token_accounting():
+    t = PinTable(100)
+    assert t.add(pin("a", 30)) == []
+    assert t.add(pin("b", 20, arrival=1)) == []
+    assert t.pinned_tokens == 50 and len(t) == 2
+    got = t.pop("a")
+    assert got.program_id == "a" and t.pinned_tokens == 20 and "a" not in t
+    assert t.pop("a") is None
+    t.check()
+
+
+def test_repinning_a_program_returns_the_old_pin():
+    t = PinTable(100)
+    old = pin("a", 30)
+    t.add(old)
+    released = t.add(pin("a", 40))
+    assert released == [old] and t.pinned_tokens == 40
+    t.check()
+
+
+def test_expiry_by_deadline_in_order():
+    t = PinTable(1000)
+    for i, d in enumerate([3.0, 1.0, 2.0]):
+        t.add(pin(f"p{i}", deadline=d))
+    assert [p.program_id for p in t.pop_expired(2.0, lambda p: None)] == ["p1", "p2"]
+    assert t.next_deadline() == 3.0
+    assert t.pop_expired(2.5, lambda p: None) == []
+    t.check()
+
+
+def test_expired_pin_held_once_while_program_waits():
+    t = PinTable(1000)
+    t.add(pin("a", deadline=1.0))
+    asked = []
+
+    def hold(p):
+        asked.append(p.program_id)
+        return p.deadline + 5.0
+
+    assert t.pop_expired(1.5, hold) == [] and "a" in t
+    assert t.pop_expired(5.9, hold) == []
+    assert [p.program_id for p in t.pop_expired(6.0, hold)] == ["a"]
+    assert asked == ["a"]  # the hold is granted once: a waiting turn cannot keep a pin forever
+
+
+def test_budget_sheds_latest_program_arrival_first():
+    t = PinTable(50)
+    t.add(pin("early", 20, arrival=1))
+    t.add(pin("late", 20, arrival=5))
+    released = t.add(pin("middle", 20, arrival=3))
+    assert [p.program_id for p in released] == ["late"]
+    assert {p.program_id for p in t} == {"early", "middle"}
+    t.check()
+
+
+def test_budget_refuses_a_pin_from_the_latest_program():
+    t = PinTable(50)
+    t.add(pin("early", 40, arrival=1))
+    newcomer = pin("latest", 20, arrival=9)
+    assert t.add(newcomer) == [newcomer]
+    assert "latest" not in t and t.pinned_tokens == 40
+
+
+def test_pin_larger_than_budget_is_refused():
+    t = PinTable(10)
+    big = pin("a", 11)
+    assert t.add(big) == [big] and len(t) == 0
+
+
+def test_shed_order_and_clear():
+    t = PinTable(1000)
+    for i, a in enumerate([2, 7, 4]):
+        t.add(pin(f"p{i}", arrival=a))
+    assert t.pop_latest().program_id == "p1"
+    assert t.pop_latest().program_id == "p2"
+    assert len(t.clear()) == 1 and t.pinned_tokens == 0 and t.pop_latest() is None
+
+
+def test_heaps_stay_bounded_under_churn():
+    t = PinTable(10**9)
+    for i in range(5000):
+        t.add(pin("same", deadline=float(i)))
+    assert len(t._by_deadline) <= 2 * len(t) + 65
+    assert len(t._by_arrival) <= 2 * len(t) + 65
+    t.check()
+
+
+def test_negative_budget_rejected():
+    with pytest.raises(ValueError):
+        PinTable(-1)
+
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), st.integers(0, 9), st.integers(1, 40), st.floats(0, 10), st.integers(0, 20)),
+        st.tuples(st.just("pop"), st.integers(0, 9)),
+        st.tuples(st.just("expire"), st.floats(0, 12), st.booleans()),
+        st.tuples(st.just("shed")),
+    ),
+    max_size=80,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(budget=st.integers(0, 120), ops=ops)
+def test_table_matches_a_reference_model(budget, ops):
+    """Every handed-out pin is returned exactly once; the budget is never exceeded."""
+    t = PinTable(budget)
+    live: dict[str, Pin] = {}
+    returned: list[Pin] = []
+    created: list[Pin] = []
+    for op in ops:
+        if op[0] == "add":
+            _, i, tokens, deadline, arrival = op
+            p = pin(f"p{i}", tokens, deadline, arrival)
+            created.append(p)
+            out = t.add(p)
+            returned.extend(out)
+            for q in out:
+                if live.get(q.program_id) is q:
+                    del live[q.program_id]
+            if p not in out:
+                live[p.program_id] = p
+        elif op[0] == "pop":
+            q = t.pop(f"p{op[1]}")
+            if q is not None:
+                returned.append(q)
+                del live[q.program_id]
+        elif op[0] == "expire":
+            _, now, hold = op
+            out = t.pop_expired(now, (lambda p: p.deadline + 1.0) if hold else (lambda p: None))
+            for q in out:
+                assert q.deadline <= now
+                del live[q.program_id]
+            returned.extend(out)
+        else:
+            q = t.pop_latest()
+            if q is not None:
+                assert q.program_arrival == max(p.program_arrival for p in [*live.values()])
+                del live[q.program_id]
+                returned.append(q)
+        t.check()
+        assert {p.program_id: p for p in t} == live
+        assert t.pinned_tokens <= budget
+    returned.extend(t.clear())
+    assert sorted(map(id, returned)) == sorted(map(id, created))
