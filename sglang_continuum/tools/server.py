@@ -1,0 +1,100 @@
+"""Start and stop a real ``sglang.launch_server`` process (benchmarks and end-to-end tests)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+import httpx
+
+CPU_FLAGS = ("--device", "cpu", "--attention-backend", "torch_native", "--skip-server-warmup")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class SGLangServer:
+    """``with SGLangServer(model, ["--schedule-policy", "continuum"]) as srv: srv.url``"""
+
+    def __init__(
+        self,
+        model_path: str,
+        args: Sequence[str] = (),
+        *,
+        env: Optional[Mapping[str, str]] = None,
+        port: Optional[int] = None,
+        log_path: Optional[Path] = None,
+        cpu: bool = True,
+        startup_timeout_s: float = 240.0,
+    ) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.cmd = [
+            sys.executable, "-m", "sglang.launch_server", "--model-path", model_path,
+            "--host", "127.0.0.1", "--port", str(self.port), *(CPU_FLAGS if cpu else ()), *args,
+        ]
+        self.env = {**os.environ, **({"SGLANG_USE_CPU_ENGINE": "1"} if cpu else {}), **(env or {})}
+        self.log_path = log_path
+        self.startup_timeout_s = startup_timeout_s
+        self.proc: Optional[subprocess.Popen] = None
+
+    def start(self) -> "SGLangServer":
+        log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
+        # A new session lets stop() take down the launcher and every scheduler it spawned.
+        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}; see {self.log_path}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        self.stop()
+        raise TimeoutError(f"server not healthy after {self.startup_timeout_s}s; see {self.log_path}")
+
+    def stop(self) -> Optional[int]:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=20)
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        return self.proc.returncode
+
+    def metrics(self) -> str:
+        return httpx.get(self.url + "/metrics", timeout=10).text
+
+    def __enter__(self) -> "SGLangServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def parse_metrics(text: str, prefix: str = "sglang:continuum_") -> dict[str, float]:
+    """Sum each series of ``prefix`` over its labels (one scheduler per tp rank)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out

@@ -1,0 +1,124 @@
+"""Tier 3: a real ``python -m sglang.launch_server`` with the plugin, driven over HTTP."""
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from sglang_continuum.client import continuum_extra_body
+from sglang_continuum.tools.server import SGLangServer, parse_metrics
+
+pytestmark = pytest.mark.e2e
+
+POOL = 2048
+ARGS = ["--max-total-tokens", str(POOL), "--enable-metrics", "--enable-cache-report", "--mem-fraction-static", "0.5"]
+WORDS = "ls cd grep find python pytest git diff patch file line error test tool search fetch".split()
+
+
+def text(n_words: int, salt: int) -> str:
+    return " ".join(WORDS[(i * 7 + salt) % len(WORDS)] + str((i + salt) % 97) for i in range(n_words))
+
+
+def two_turn_program(url: str) -> tuple:
+    """Turn 1, a tool gap in which other requests fill the pool, turn 2 (final)."""
+    client = OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+    messages = [{"role": "user", "content": text(120, 1)}]
+    r1 = client.chat.completions.create(
+        model="m", messages=messages, max_tokens=16,
+        extra_body=continuum_extra_body("prog-1", last_step=False, tool_name="bash", ignore_eos=True),
+    )
+    for i in range(5):  # memory pressure: ~5 x 500 tokens through a 2048-token pool
+        client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": text(200, 100 + i)}], max_tokens=4,
+            extra_body={"ignore_eos": True},
+        )
+    messages += [
+        {"role": "assistant", "content": r1.choices[0].message.content},
+        {"role": "user", "content": text(10, 7)},
+    ]
+    r2 = client.chat.completions.create(
+        model="m", messages=messages, max_tokens=4,
+        extra_body=continuum_extra_body("prog-1", last_step=True, ignore_eos=True),
+    )
+    return r1, r2
+
+
+@pytest.fixture(scope="module")
+def continuum_server(tiny_model, tmp_path_factory):
+    log = tmp_path_factory.mktemp("logs") / "continuum.log"
+    env = {"SGLANG_CONTINUUM_TTL_MODEL": "fixed", "SGLANG_CONTINUUM_FIXED_TTL_S": "25"}
+    with SGLangServer(tiny_model, ["--schedule-policy", "continuum", *ARGS], env=env, log_path=log) as srv:
+        yield srv
+
+
+def test_second_turn_hits_under_continuum_and_misses_under_fcfs(continuum_server, tiny_model, tmp_path):
+    before = parse_metrics(continuum_server.metrics())
+    r1, r2 = two_turn_program(continuum_server.url)
+    after = parse_metrics(continuum_server.metrics())
+    assert r2.usage.prompt_tokens_details.cached_tokens >= r1.usage.prompt_tokens
+    assert after["sglang:continuum_pin_hits_total"] - before.get("sglang:continuum_pin_hits_total", 0) == 1
+    assert after["sglang:continuum_pins_created_total"] >= 1
+    assert after["sglang:continuum_pinned_programs"] == 0  # last step released everything
+
+    with SGLangServer(tiny_model, ["--schedule-policy", "fcfs", *ARGS], log_path=tmp_path / "fcfs.log") as fcfs:
+        f1, f2 = two_turn_program(fcfs.url)
+        assert "sglang:continuum_" not in fcfs.metrics()  # other policies: SGLang as it was
+    assert f2.usage.prompt_tokens_details.cached_tokens < f1.usage.prompt_tokens
+
+
+def test_metrics_expose_every_pin_series(continuum_server):
+    names = parse_metrics(continuum_server.metrics())
+    for series in (
+        "pinned_programs", "pinned_tokens", "pin_budget_tokens", "pin_hits_total", "pin_expiries_total",
+        "pin_sheds_total", "pins_created_total", "ttl_seconds_count",
+    ):
+        assert f"sglang:continuum_{series}" in names, series
+    assert names["sglang:continuum_pin_budget_tokens"] == POOL // 2
+
+
+@pytest.mark.parametrize(
+    "custom_params",
+    [None, {"program_id": {"nested": 1}, "is_last_step": "perhaps"}, {"program_id": "", "tool_name": 12}],
+    ids=["no-metadata", "garbage", "empty-id"],
+)
+def test_requests_without_or_with_bad_metadata_are_served(continuum_server, custom_params):
+    sp = {"max_new_tokens": 6, "ignore_eos": True}
+    if custom_params is not None:
+        sp["custom_params"] = custom_params
+    r = httpx.post(continuum_server.url + "/generate", json={"text": text(20, 3), "sampling_params": sp}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["meta_info"]["completion_tokens"] == 6
+
+
+def test_native_generate_with_session_id_as_program(continuum_server):
+    before = parse_metrics(continuum_server.metrics())["sglang:continuum_pins_created_total"]
+    body = {"text": text(30, 9), "session_id": "sess-42", "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}}
+    assert httpx.post(continuum_server.url + "/generate", json=body, timeout=60).status_code == 200
+    after = parse_metrics(continuum_server.metrics())
+    assert after["sglang:continuum_pins_created_total"] == before + 1
+
+
+def test_frontend_program_carries_its_program_id(continuum_server):
+    import sglang as sgl
+
+    from sglang_continuum.client import ContinuumRuntimeEndpoint
+
+    @sgl.function
+    def agent(s, task):
+        s += task
+        s += sgl.gen("plan", max_tokens=4, ignore_eos=True)
+        s += " tool result: ok "
+        s += sgl.gen("answer", max_tokens=4, ignore_eos=True)
+
+    before = parse_metrics(continuum_server.metrics())
+    backend = ContinuumRuntimeEndpoint(continuum_server.url)
+    state = agent.run(task=text(40, 11), backend=backend)
+    assert len(state["answer"]) > 0
+    after = parse_metrics(continuum_server.metrics())
+    created = after["sglang:continuum_pins_created_total"] - before["sglang:continuum_pins_created_total"]
+    hits = after["sglang:continuum_pin_hits_total"] - before["sglang:continuum_pin_hits_total"]
+    assert created == 2 and hits == 1  # gen 1 pinned -> gen 2 hit it and pinned again
+    assert after["sglang:continuum_pinned_programs"] == 1
+    del state  # the run is over (SGLang ends it when the state goes): a last-step request releases the pin
+    final = parse_metrics(continuum_server.metrics())
+    assert final["sglang:continuum_pin_hits_total"] - before["sglang:continuum_pin_hits_total"] == 2
+    assert final["sglang:continuum_pinned_programs"] == 0
