@@ -25,6 +25,7 @@ from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS
 from sglang_continuum.adapter.radix_cache import ContinuumRadixCache
 from sglang_continuum.adapter.request import get_tag
 from sglang_continuum.adapter.schedule_policy import ContinuumSchedulePolicy
+from sglang_continuum.adapter.tool_identifier import make_identifier
 
 if TYPE_CHECKING:
     from sglang.srt.managers.scheduler import Scheduler
@@ -84,6 +85,9 @@ def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
         scheduler.schedule_low_priority_values_first,
     )
     now = _consensus_now(scheduler, cache)
+    cache.identify_tool = make_identifier(
+        getattr(scheduler, "tokenizer", None), getattr(scheduler.server_args, "tool_call_parser", None)
+    )
     waiting_programs: Optional[set] = None
 
     def program_waiting(pid: str) -> bool:

@@ -1,0 +1,155 @@
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang_continuum.core.cost_model import (
+    BernsteinTTL, CostModelTTL, EtaEstimator, PrefillProfile, SlidingMean,
+)
+from sglang_continuum.core.settings import ContinuumSettings
+from sglang_continuum.core.tool_stats import SampleWindow, ToolStats
+from sglang_continuum.core.ttl import TTLQuery, optimal_ttl
+
+
+def objective(samples, benefit, tau):
+    return np.mean(np.asarray(samples) <= tau) * benefit - tau
+
+
+def test_hand_computed_cases():
+    # samples {1, 2, 10}: tau=1 -> B/3 - 1, tau=2 -> 2B/3 - 2, tau=10 -> B - 10
+    assert optimal_ttl([1, 2, 10], 2.0) == 0.0  # every candidate is negative
+    assert optimal_ttl([1, 2, 10], 6.0) == 2.0  # 1, 2 vs 1: tau=2 wins (2.0 > 1.0 > -4)
+    assert optimal_ttl([1, 2, 10], 30.0) == 10.0  # 20 vs 18 vs 9
+    assert optimal_ttl([0.5, 0.5, 0.5, 8.0], 4.0) == 0.5  # duplicates count together: 3 - 0.5
+    assert optimal_ttl([], 5.0) == 0.0 and optimal_ttl([1.0], 0.0) == 0.0
+    assert optimal_ttl([3.0, 1.0, 2.0], 6.0) == 3.0  # unsorted input is fine: 3 > 2 > 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    samples=st.lists(st.floats(0, 100, allow_nan=False), min_size=1, max_size=60),
+    benefit=st.floats(0, 500, allow_nan=False),
+)
+def test_result_is_a_candidate_and_beats_zero_and_every_other_candidate(samples, benefit):
+    tau = optimal_ttl(samples, benefit)
+    assert tau == 0.0 or tau in samples
+    best = objective(samples, benefit, tau)
+    assert best >= objective(samples, benefit, 0.0) - 1e-9
+    assert all(best >= objective(samples, benefit, c) - 1e-9 for c in samples)
+
+
+def settings_(**kw):
+    return ContinuumSettings(ttl_model="cost", **kw)
+
+
+def model(k=100, coeffs=(0.0, 0.0, 0.0)):
+    stats = ToolStats()
+    return CostModelTTL(stats, settings_(cold_start_k=k), PrefillProfile(coeffs)), stats
+
+
+@pytest.mark.parametrize("benefit", [0.5, 1.0, 3.0, 50.0])
+def test_cold_start_is_the_exp1_optimum(benefit):
+    m, _ = model(coeffs=(benefit, 0.0, 0.0))  # B = PrefillReload = benefit, T = 0
+    d = m.decide(TTLQuery("t", 100))
+    assert d.source == "cold"
+    assert d.ttl == pytest.approx(math.log(benefit) if benefit > 1 else 0.0)
+    # ln(B) maximises (1 - e^-tau) B - tau numerically too
+    grid = np.linspace(0, 10, 100001)
+    assert d.ttl == pytest.approx(grid[np.argmax((1 - np.exp(-grid)) * benefit - grid)], abs=1e-3)
+
+
+def test_chain_switches_at_k_exactly():
+    m, stats = model(k=10, coeffs=(5.0, 0.0, 0.0))
+    for _ in range(10):
+        stats.record("fast", 0.2)
+    assert m.decide(TTLQuery("fast", 1)).source == "cold"  # |S| = 10 <= K
+    stats.record("other", 9.0)
+    d = m.decide(TTLQuery("fast", 1))
+    assert d.source == "global" and d.samples == 11  # |S| = 11 > K, |S[fast]| = 10 <= K
+    stats.record("fast", 0.2)
+    d = m.decide(TTLQuery("fast", 1))
+    assert d.source == "tool" and d.ttl == pytest.approx(0.2)  # |S[fast]| = 11 > K
+    assert m.decide(TTLQuery("never-seen", 1)).source == "global"
+
+
+def test_T_moves_when_missed_turns_queue():
+    m, stats = model(k=0, coeffs=(0.0, 0.0, 0.0))
+    stats.record("t", 1.0)
+    assert m.benefit_s(100) == 0.0 and m.ttl(TTLQuery("t", 100)) == 0.0
+    for _ in range(5):
+        m.observe_queue_delay(4.0)
+    assert m.benefit_s(100) == pytest.approx(4.0)  # T * eta with eta = 1 at cold start
+    assert m.ttl(TTLQuery("t", 100)) == 1.0
+
+
+def test_eta_fixed_length_programs_give_one():
+    e = EtaEstimator()
+    for _ in range(200):
+        e.add(11)
+    assert e.eta == pytest.approx(1.0)
+
+
+def test_eta_geometric_lengths_give_about_zero():
+    # Memoryless lengths: the remaining turns do not depend on turns served. With 5,000 programs
+    # (~20,000 decision points) the sample correlation's standard error is ~0.01; 0.05 is 5 sigma.
+    rng = np.random.default_rng(0)
+    e = EtaEstimator(window=5000)
+    for n in rng.geometric(0.2, size=5000):
+        e.add(int(n))
+    assert abs(e.eta) < 0.05
+
+
+def test_eta_matches_numpy_on_random_lengths_and_window_drops_old_programs():
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(1, 30, size=300)
+    e = EtaEstimator(window=100)
+    for n in lengths:
+        e.add(int(n))
+    ks, rs = [], []
+    for n in lengths[-100:]:
+        ks += list(range(1, n))
+        rs += [n - k for k in range(1, n)]
+    assert e.eta == pytest.approx(-np.corrcoef(ks, rs)[0, 1], abs=1e-9)
+
+
+def test_eta_undefined_is_one():
+    e = EtaEstimator()
+    assert e.eta == 1.0
+    e.add(2)
+    e.add(2)
+    assert e.eta == 1.0
+
+
+def test_sliding_mean_and_window():
+    s = SlidingMean(3)
+    for x in (1, 2, 3, 10):
+        s.add(x)
+    assert s.mean == pytest.approx(5.0)
+    w = SampleWindow(3, [5, 1, 3, 2])
+    assert list(w.sorted) == [1, 2, 3] and w.samples() == [1, 3, 2] and w.cdf(2) == pytest.approx(2 / 3)
+    with pytest.raises(ValueError):
+        w.add(-1)
+
+
+def test_prefill_profile_fit_recovers_a_quadratic():
+    pts = [(n, 0.01 + 2e-4 * n + 3e-8 * n * n) for n in (1000, 2000, 4000, 8000, 16000)]
+    p = PrefillProfile.fit(pts)
+    assert p.seconds(6000) == pytest.approx(0.01 + 2e-4 * 6000 + 3e-8 * 36e6, rel=1e-3)
+
+
+def test_bernstein_bound_and_fallbacks():
+    stats = ToolStats()
+    s = ContinuumSettings(ttl_model="bernstein", bernstein_min_samples=5, bernstein_t_default_s=2.0)
+    b = BernsteinTTL(stats, s)
+    assert b.ttl(TTLQuery("x", 1)) == 2.0  # no data: T_default
+    for _ in range(20):
+        stats.record("x", 1.0)
+    w = stats.tool("x")
+    log_term = math.log(3 / s.bernstein_delta)
+    assert b.bound(w) == pytest.approx(1.0 + 3 * 1.0 * log_term / 20)
+    assert b.ttl(TTLQuery("x", 1)) == pytest.approx(4.0 / b.bound(w))
+    for _ in range(10):
+        b.observe_program_end(10)
+    assert b.ttl(TTLQuery("x", 1)) == pytest.approx(4.0 / b.bound(w) * (1 + 0.1 * 10))
