@@ -8,6 +8,7 @@ from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import SchedulePolicy
 
 from sglang_continuum.adapter.radix_cache import ContinuumRadixCache
+from sglang_continuum.adapter.request import TAG_ATTR
 from sglang_continuum.core.priority import program_fcfs_key
 
 
@@ -40,21 +41,17 @@ class ContinuumSchedulePolicy(SchedulePolicy):
     ) -> None:
         super().calc_priority(waiting_queue, running_batch, processed_tokens)
         cache = self.continuum_cache
-        pins = cache.continuum.pins
-        any_program = False
+        pinned = cache.continuum.pins
         keys = []
+        any_program = False
         for req in waiting_queue:
-            tag = cache.tag_request(req)  # no-op unless the request bypassed the enqueue hook
+            # tag_request is a no-op unless the request bypassed the enqueue hook
+            tag = getattr(req, TAG_ATTR, None) or cache.tag_request(req)
             pid = tag.meta.program_id
-            any_program |= pid is not None
-            keys.append(
-                program_fcfs_key(
-                    bool(req.is_retracted),
-                    pid is not None and pid in pins,
-                    tag.program_seq,
-                    tag.request_seq,
-                )
-            )
+            if pid is not None:
+                any_program = True
+            keys.append(program_fcfs_key(req.is_retracted, pid is not None and pid in pinned,
+                                         tag.program_seq, tag.request_seq))
         if any_program:
             order = sorted(range(len(waiting_queue)), key=keys.__getitem__)
             waiting_queue[:] = [waiting_queue[i] for i in order]

@@ -1,0 +1,172 @@
+#!/usr/bin/env python
+"""Per-step scheduler overhead of Continuum (a benchmark, not a test).
+
+Measures, on this machine:
+1. ``calc_priority`` on 1,000 waiting real SGLang ``Req`` objects (ContinuumSchedulePolicy vs
+   SGLang's stock FCFS policy on the same queue and the same real cache);
+2. the per-step expiry check with 100 ... 100,000 live pins (nothing due, and 1% due);
+3. one TTL decision of the cost model with 100, 10,000 and 100,000 samples.
+
+    python scripts/bench_overhead.py --out docs/results/overhead-cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from array import array
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+
+
+def timeit(fn, repeat: int) -> dict:
+    xs = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        xs.append(time.perf_counter() - t0)
+    xs.sort()
+    return {"median_us": statistics.median(xs) * 1e6, "p90_us": xs[int(0.9 * (len(xs) - 1))] * 1e6, "n": repeat}
+
+
+def bench_calc_priority(model_path: str, waiting: int) -> dict:
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.managers.schedule_policy import SchedulePolicy
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.runtime_context import SpawnRanks, publish
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_continuum.adapter.schedule_policy import ContinuumSchedulePolicy
+    from sglang_continuum.core.settings import ContinuumSettings
+    from tests.support.cpu_cache import TurnDriver, make_cache
+    from sglang_continuum.core.metadata import ProgramMeta
+
+    load_plugins()
+    args = ServerArgs(model_path=model_path, device="cpu", schedule_policy="continuum", max_total_tokens=65536)
+    args.resolve_once()
+    publish(args, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
+
+    rng = random.Random(0)
+    cache = make_cache(65536, settings=ContinuumSettings(ttl_model="fixed", fixed_ttl_s=1e6, pin_budget_fraction=1.0))
+    driver = TurnDriver(cache)
+    programs = [f"p{i}" for i in range(waiting // 5)]
+    contexts = {p: [rng.randrange(5, 500) for _ in range(40)] for p in programs}
+    for p in programs[: len(programs) // 4]:  # a quarter of the programs hold pins
+        driver.run_turn(ProgramMeta(p), contexts[p])
+
+    def make_queue():
+        q = []
+        for turn in range(5):
+            for p in programs:
+                sp = SamplingParams(max_new_tokens=16, custom_params={"program_id": p})
+                ids = array("q", contexts[p] + [rng.randrange(5, 500) for _ in range(8 * (turn + 1))])
+                q.append(Req(f"{p}-{turn}", "", ids, sp))
+        rng.shuffle(q)
+        return q
+
+    ours = ContinuumSchedulePolicy(cache, False, False, False)
+    stock = SchedulePolicy("fcfs", cache, False, False, False)
+    queue = make_queue()
+    ours.calc_priority(list(queue))  # tag once (arrival happens once per request in serving)
+    out = {}
+    for name, policy in (("continuum", ours), ("stock_fcfs", stock)):
+        out[name] = timeit(lambda: policy.calc_priority(list(queue)), 50)
+    return {"waiting_requests": len(queue), "pinned_programs": len(cache.continuum.pins), **out}
+
+
+def bench_expiry(sizes=(100, 1000, 10_000, 100_000)) -> list[dict]:
+    from sglang_continuum.core.clock import ManualClock
+    from sglang_continuum.core.controller import ContinuumController
+    from sglang_continuum.core.metadata import ProgramMeta
+    from sglang_continuum.core.settings import ContinuumSettings
+
+    rows = []
+    for n in sizes:
+        clock = ManualClock()
+        c = ContinuumController(
+            ContinuumSettings(ttl_model="fixed", fixed_ttl_s=1000.0), clock=clock, budget_tokens=10**12
+        )
+        for i in range(n):
+            meta = ProgramMeta(f"p{i}")
+            c.turn_arrived(meta)
+            clock.advance(1000.0 / n)
+            c.turn_finished(meta, context_tokens=100, handle=i)
+        nothing_due = timeit(lambda: c.expire(lambda pid: False), 2000)
+        clock.now = 1000.0  # first pins are due now; then advance by 1% of pins per step
+        step = 10.0  # 1% of the 1000 s spread
+        def one_percent():
+            clock.advance(step)
+            c.expire(lambda pid: False)
+        due = timeit(one_percent, 50)
+        rows.append({"pins": n, "nothing_due": nothing_due, "one_percent_due": due, "pins_per_step": n // 100})
+    return rows
+
+
+def bench_ttl_decision(sizes=(100, 10_000, 100_000)) -> list[dict]:
+    import numpy as np
+
+    from sglang_continuum.core.cost_model import CostModelTTL, PrefillProfile
+    from sglang_continuum.core.settings import ContinuumSettings
+    from sglang_continuum.core.tool_stats import ToolStats
+    from sglang_continuum.core.ttl import TTLQuery
+
+    rows = []
+    rng = np.random.default_rng(0)
+    for n in sizes:
+        s = ContinuumSettings(ttl_model="cost", tool_window=n, global_window=n, cold_start_k=min(100, n - 1))
+        stats = ToolStats(window=n, global_window=n)
+        for x in rng.lognormal(0.0, 1.5, size=n):
+            stats.record("bash", float(x))
+        model = CostModelTTL(stats, s, PrefillProfile((0.05, 2e-4, 1e-9)))
+        q = TTLQuery("bash", 20_000)
+        model.ttl(q)
+        r = timeit(lambda: model.ttl(q), 2000)
+        t0 = time.perf_counter()
+        for x in rng.lognormal(0.0, 1.5, size=200):
+            stats.record("bash", float(x))
+        record_us = (time.perf_counter() - t0) / 200 * 1e6
+        rows.append({"samples": n, "decision": r, "record_sample_us": record_us, "ttl_s": model.last.ttl})
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=str(ROOT / ".models" / "tiny-llama"))
+    ap.add_argument("--waiting", type=int, default=1000)
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "overhead-cpu.json")
+    args = ap.parse_args()
+    report = {
+        "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "ttl_decision": bench_ttl_decision(),
+        "expiry": bench_expiry(),
+        "calc_priority": bench_calc_priority(args.model, args.waiting),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2))
+    print("TTL decision (cost model):")
+    for r in report["ttl_decision"]:
+        print(f"  {r['samples']:>7} samples: {r['decision']['median_us']:8.1f} us median, "
+              f"{r['decision']['p90_us']:8.1f} us p90; record a sample {r['record_sample_us']:.1f} us")
+    print("Expiry per scheduler step:")
+    for r in report["expiry"]:
+        print(f"  {r['pins']:>7} pins: {r['nothing_due']['median_us']:7.2f} us (none due), "
+              f"{r['one_percent_due']['median_us']:9.1f} us ({r['pins_per_step']} due)")
+    cp = report["calc_priority"]
+    print(f"calc_priority, {cp['waiting_requests']} waiting ({cp['pinned_programs']} pinned programs): "
+          f"continuum {cp['continuum']['median_us'] / 1000:.2f} ms, stock fcfs {cp['stock_fcfs']['median_us'] / 1000:.2f} ms")
+    print(f"report: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

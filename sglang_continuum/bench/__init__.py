@@ -1,0 +1,1 @@
+"""``continuum-bench``: replay agent workloads against live servers and compare policies."""

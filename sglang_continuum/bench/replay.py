@@ -1,0 +1,224 @@
+"""Async replay client: agent programs against any SGLang or OpenAI-compatible server.
+
+Programs arrive as a seeded Poisson process (``jps`` programs per second). Each program sends its
+turns in order, each with the whole accumulated context (previous prompt + previous output + the
+turn's appended tokens), and waits the turn's tool duration before the next one. Output lengths
+are forced (``max_new_tokens``/``max_tokens`` with ``ignore_eos``) so every policy does the same
+work. Program metadata (program id, last step, tool name) travels in ``custom_params`` and
+``session_id``; program-affine routers get the ``x-smg-routing-key`` header.
+
+Appended tokens are random ids drawn from a per-program generator seeded by (seed, program id),
+so every policy sees identical prompts. With ``api="sglang"`` (native ``/generate``) the model's
+real output ids continue the context, as in a real agent; with ``api="openai"``
+(``/v1/completions`` with token-id prompts) the output ids are not returned, so fixed
+placeholder ids of the same length continue it instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Optional
+
+import httpx
+import orjson
+
+from sglang_continuum.client import continuum_custom_params, routing_headers
+from sglang_continuum.workloads.schema import Program
+
+
+@dataclass
+class TurnRecord:
+    program_id: str
+    turn: int
+    send: float
+    first_token: Optional[float] = None
+    finish: Optional[float] = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    queue_time_s: Optional[float] = None
+    error: Optional[str] = None
+
+    @property
+    def ttft(self) -> Optional[float]:
+        return None if self.first_token is None else self.first_token - self.send
+
+
+@dataclass
+class ProgramRecord:
+    program_id: str
+    planned_arrival: float
+    start: Optional[float] = None
+    end: Optional[float] = None
+    turns: list[TurnRecord] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.end is not None and all(t.error is None for t in self.turns)
+
+    @property
+    def jct(self) -> Optional[float]:
+        return None if not self.ok else self.end - self.start
+
+
+@dataclass
+class ReplayResult:
+    programs: list[ProgramRecord]
+    wall_s: float
+    metrics_before: str = ""
+    metrics_after: str = ""
+
+    def to_dict(self) -> dict:
+        return {
+            "wall_s": self.wall_s,
+            "programs": [
+                {**{k: v for k, v in asdict(p).items() if k != "turns"}, "jct": p.jct, "ok": p.ok,
+                 "turns": [{**asdict(t), "ttft": t.ttft} for t in p.turns]}
+                for p in self.programs
+            ],
+        }
+
+
+def arrival_times(n: int, jps: float, seed: int) -> list[float]:
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(jps) if jps > 0 else 0.0
+    return out
+
+
+def _program_rng(seed: int, program_id: str) -> random.Random:
+    h = hashlib.blake2b(f"{seed}:{program_id}".encode(), digest_size=8).digest()
+    return random.Random(int.from_bytes(h, "little"))
+
+
+class Replayer:
+    def __init__(self, url: str, *, api: str = "sglang", model: str = "default", vocab: int = 500,
+                 seed: int = 0, timeout_s: float = 900.0, send_program_id: bool = True,
+                 on_turn: Optional[Callable[[TurnRecord], None]] = None) -> None:
+        if api not in ("sglang", "openai"):
+            raise ValueError("api must be 'sglang' or 'openai'")
+        self.url = url.rstrip("/")
+        self.api = api
+        self.model = model
+        self.vocab = vocab
+        self.seed = seed
+        self.timeout_s = timeout_s
+        self.send_program_id = send_program_id
+        self.on_turn = on_turn
+        self.t0 = 0.0
+
+    def _now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def _body(self, program: Program, i: int, ids: list[int]) -> tuple[str, dict, dict]:
+        turn = program.turns[i]
+        last = i == len(program.turns) - 1
+        custom = continuum_custom_params(program.program_id, last_step=last, tool_name=turn.tool)
+        headers = routing_headers(program.program_id) if self.send_program_id else {}
+        if self.api == "sglang":
+            body = {
+                "input_ids": ids,
+                "sampling_params": {"max_new_tokens": turn.output_tokens, "ignore_eos": True, "temperature": 0.0},
+                "stream": True,
+            }
+            if self.send_program_id:
+                body["sampling_params"]["custom_params"] = custom
+                body["session_id"] = program.program_id
+            return "/generate", body, headers
+        body = {
+            "model": self.model, "prompt": ids, "max_tokens": turn.output_tokens, "ignore_eos": True,
+            "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True},
+        }
+        if self.send_program_id:
+            body["custom_params"] = custom
+            body["session_id"] = program.program_id
+        return "/v1/completions", body, headers
+
+    async def _send(self, client: httpx.AsyncClient, rec: TurnRecord, path: str, body: dict, headers: dict) -> list[int]:
+        output_ids: list[int] = []
+        async with client.stream("POST", self.url + path, json=body, headers=headers) as resp:
+            if resp.status_code != 200:
+                rec.error = f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}"
+                return output_ids
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    break
+                if rec.first_token is None:
+                    rec.first_token = self._now()
+                chunk = orjson.loads(payload)
+                if self.api == "sglang":
+                    meta = chunk.get("meta_info", {})
+                    rec.prompt_tokens = meta.get("prompt_tokens", rec.prompt_tokens)
+                    rec.cached_tokens = meta.get("cached_tokens", rec.cached_tokens)
+                    rec.output_tokens = meta.get("completion_tokens", rec.output_tokens)
+                    if meta.get("queue_time") is not None:
+                        rec.queue_time_s = float(meta["queue_time"])
+                    if chunk.get("output_ids"):
+                        output_ids = list(chunk["output_ids"])
+                else:
+                    usage = chunk.get("usage") or {}
+                    if usage:
+                        rec.prompt_tokens = usage.get("prompt_tokens", 0)
+                        rec.output_tokens = usage.get("completion_tokens", 0)
+                        details = usage.get("prompt_tokens_details") or {}
+                        rec.cached_tokens = details.get("cached_tokens") or 0
+        return output_ids
+
+    async def _program(self, client: httpx.AsyncClient, program: Program, rec: ProgramRecord) -> None:
+        await asyncio.sleep(max(0.0, rec.planned_arrival - self._now()))
+        rng = _program_rng(self.seed, program.program_id)
+        context: list[int] = []
+        rec.start = self._now()
+        for i, turn in enumerate(program.turns):
+            context += [rng.randrange(5, self.vocab) for _ in range(turn.append_tokens)]
+            t = TurnRecord(program.program_id, i, send=self._now())
+            rec.turns.append(t)
+            path, body, headers = self._body(program, i, context)
+            try:
+                out = await self._send(client, t, path, body, headers)
+            except (httpx.HTTPError, ValueError) as exc:
+                t.error = f"{type(exc).__name__}: {exc}"[:300]
+            t.finish = self._now()
+            if self.on_turn is not None:
+                self.on_turn(t)
+            if t.error is not None:
+                return
+            if len(out) != turn.output_tokens:  # openai api, or a server that does not return ids
+                out = [(7 * j + 11) % (self.vocab - 5) + 5 for j in range(turn.output_tokens)]
+            context += out
+            if turn.tool_duration_s > 0:
+                await asyncio.sleep(turn.tool_duration_s)
+        rec.end = self._now()
+
+    async def run(self, programs: list[Program], jps: float) -> ReplayResult:
+        arrivals = arrival_times(len(programs), jps, self.seed)
+        records = [ProgramRecord(p.program_id, a) for p, a in zip(programs, arrivals)]
+        limits = httpx.Limits(max_connections=len(programs) + 4, max_keepalive_connections=len(programs) + 4)
+        async with httpx.AsyncClient(timeout=self.timeout_s, limits=limits) as client:
+            before = await _metrics(client, self.url)
+            self.t0 = time.perf_counter()
+            await asyncio.gather(*(self._program(client, p, r) for p, r in zip(programs, records)))
+            wall = self._now()
+            after = await _metrics(client, self.url)
+        return ReplayResult(records, wall, before, after)
+
+
+async def _metrics(client: httpx.AsyncClient, url: str) -> str:
+    try:
+        r = await client.get(url + "/metrics", timeout=10)
+        return r.text if r.status_code == 200 else ""
+    except httpx.HTTPError:
+        return ""
+
+
+def replay(url: str, programs: list[Program], *, jps: float, **kw) -> ReplayResult:
+    return asyncio.run(Replayer(url, **kw).run(programs, jps))

@@ -1,0 +1,129 @@
+"""Reports for ``continuum-bench``: summary statistics, the Markdown table, and the plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from sglang_continuum.bench.replay import ReplayResult
+from sglang_continuum.tools.server import parse_metrics
+
+PIN_SERIES = {
+    "pin_hits": "sglang:continuum_pin_hits_total",
+    "pin_expiries": "sglang:continuum_pin_expiries_total",
+    "pin_sheds": "sglang:continuum_pin_sheds_total",
+    "pins_created": "sglang:continuum_pins_created_total",
+}
+
+
+def summarize(result: ReplayResult) -> dict:
+    progs = result.programs
+    jcts = np.array([p.jct for p in progs if p.ok], dtype=float)
+    turns = [t for p in progs for t in p.turns]
+    ok_turns = [t for t in turns if t.error is None]
+    waits = [t.queue_time_s if t.queue_time_s is not None else t.ttft for t in ok_turns if t.ttft is not None]
+    prompt = sum(t.prompt_tokens for t in ok_turns)
+    cached = sum(t.cached_tokens for t in ok_turns)
+    out_tokens = sum(t.output_tokens for t in ok_turns)
+    before, after = parse_metrics(result.metrics_before), parse_metrics(result.metrics_after)
+    pct = (lambda q: float(np.percentile(jcts, q))) if jcts.size else (lambda q: float("nan"))
+    return {
+        "programs": len(progs),
+        "failed_programs": sum(not p.ok for p in progs),
+        "failed_requests": sum(t.error is not None for t in turns),
+        "errors": sorted({t.error for t in turns if t.error})[:5],
+        "jct_mean_s": float(jcts.mean()) if jcts.size else float("nan"),
+        "jct_median_s": pct(50), "jct_p90_s": pct(90), "jct_p95_s": pct(95), "jct_p99_s": pct(99),
+        "programs_per_s": len(jcts) / result.wall_s if result.wall_s else 0.0,
+        "tokens_per_s": (prompt + out_tokens) / result.wall_s if result.wall_s else 0.0,
+        "mean_turn_wait_s": float(np.mean(waits)) if waits else float("nan"),
+        "mean_ttft_s": float(np.mean([t.ttft for t in ok_turns if t.ttft is not None])) if ok_turns else float("nan"),
+        "cache_hit_ratio": cached / prompt if prompt else 0.0,
+        "prompt_tokens": prompt, "cached_tokens": cached, "output_tokens": out_tokens,
+        "wall_s": result.wall_s,
+        **{k: after.get(v, 0.0) - before.get(v, 0.0) for k, v in PIN_SERIES.items()},
+    }
+
+
+COLUMNS = [
+    ("policy", "policy", "{}"), ("jps", "jps", "{:g}"), ("jct_mean_s", "mean JCT s", "{:.2f}"),
+    ("jct_median_s", "median", "{:.2f}"), ("jct_p90_s", "P90", "{:.2f}"), ("jct_p95_s", "P95", "{:.2f}"),
+    ("jct_p99_s", "P99", "{:.2f}"), ("programs_per_s", "programs/s", "{:.3f}"), ("tokens_per_s", "tokens/s", "{:.0f}"),
+    ("mean_turn_wait_s", "turn queue s", "{:.3f}"), ("cache_hit_ratio", "cache hit", "{:.1%}"),
+    ("pin_hits", "pin hits", "{:.0f}"), ("pin_expiries", "expiries", "{:.0f}"), ("pin_sheds", "sheds", "{:.0f}"),
+    ("failed_requests", "failed", "{}"),
+]
+
+
+def markdown_table(rows: list[dict], baseline: str = "fcfs") -> str:
+    head = [c[1] for c in COLUMNS] + [f"mean JCT vs {baseline}", f"P95 vs {baseline}"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    base = {r["jps"]: r for r in rows if r["policy"] == baseline}
+    for r in rows:
+        cells = [fmt.format(r[key]) for key, _, fmt in COLUMNS]
+        b = base.get(r["jps"])
+        for key in ("jct_mean_s", "jct_p95_s"):
+            cells.append(f"{b[key] / r[key]:.2f}x" if b and r[key] and np.isfinite(r[key]) else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plots(runs: list[dict], out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    jps_values = sorted({r["jps"] for r in runs})
+    focus = jps_values[-1]
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in runs:
+        if r["jps"] != focus:
+            continue
+        j = np.sort([p["jct"] for p in r["replay"]["programs"] if p["ok"]])
+        ax.step(j, np.arange(1, len(j) + 1) / max(1, len(j)), where="post", label=r["policy"])
+    ax.set(xlabel="job completion time (s)", ylabel="fraction of programs", title=f"JCT CDF at {focus:g} jobs/s")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    paths.append(_save(fig, out_dir / "jct_cdf.png"))
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in runs:
+        if r["jps"] != focus:
+            continue
+        by_turn: dict[int, list[float]] = {}
+        for p in r["replay"]["programs"]:
+            for t in p["turns"]:
+                if t["error"] is None and t["finish"] is not None:
+                    by_turn.setdefault(t["turn"], []).append(t["finish"] - t["send"])
+        idx = sorted(by_turn)
+        ax.plot(idx, [np.mean(by_turn[i]) for i in idx], marker="o", ms=3, label=r["policy"])
+    ax.set(xlabel="turn index", ylabel="mean turn latency (s)", title=f"Per-turn latency at {focus:g} jobs/s")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    paths.append(_save(fig, out_dir / "turn_latency.png"))
+
+    if len(jps_values) > 1:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for policy in dict.fromkeys(r["policy"] for r in runs):
+            pts = sorted((r["jps"], r["summary"]["jct_mean_s"]) for r in runs if r["policy"] == policy)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=policy)
+        ax.set(xlabel="jobs per second", ylabel="mean JCT (s)", title="Mean JCT vs load")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        paths.append(_save(fig, out_dir / "jct_vs_jps.png"))
+    return paths
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
