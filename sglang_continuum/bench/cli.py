@@ -37,6 +37,7 @@ POLICIES: dict[str, tuple[list[str], dict[str, str]]] = {
     "continuum": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_TTL_MODEL": "cost"}),
 }
 HICACHE_FLAGS = ["--enable-hierarchical-cache"]
+CPU_PROFILE = Path(__file__).resolve().parents[2] / "configs" / "profiles" / "cpu-tiny-llama.json"
 
 
 def pressure_pool_tokens(programs, hold_programs: float) -> int:
@@ -75,6 +76,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--gpu", action="store_true", help="start servers without the CPU flags")
     ap.add_argument("--api", choices=["sglang", "openai"], default="sglang")
     ap.add_argument("--vocab", type=int, default=500, help="token ids are drawn below this")
+    ap.add_argument("--prefill-profile", type=Path, default=None,
+                    help="profile for the cost model (default on CPU: configs/profiles/cpu-tiny-llama.json)")
     ap.add_argument("--out", type=Path, default=Path("out/bench"))
     args = ap.parse_args(argv)
 
@@ -87,6 +90,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         policies = policies[:1]
     pool = args.max_total_tokens or pressure_pool_tokens(programs, args.pool_programs)
     extra_env = dict(kv.split("=", 1) for kv in args.env)
+    profile = args.prefill_profile or (None if args.gpu else CPU_PROFILE)
+    if profile is not None and Path(profile).is_file():
+        extra_env.setdefault("SGLANG_CONTINUUM_PREFILL_PROFILE", str(Path(profile).resolve()))
     common = ["--max-total-tokens", str(pool), "--context-length", str(pool), "--enable-metrics",
               "--enable-cache-report", *shlex.split(args.server_args)]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -120,7 +126,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     command = "continuum-bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     report = {
         "command": command, "workload": str(args.workload), "programs": len(programs), "seed": args.seed,
-        "kv_pool_tokens": pool, "server_args": common, "policies": policies, "jps": jps_list,
+        "kv_pool_tokens": pool, "server_args": common, "server_env": extra_env, "policies": policies, "jps": jps_list,
         "elapsed_s": time.time() - started, "rows": rows, "runs": runs,
     }
     (args.out / "report.json").write_text(json.dumps(report, indent=1))

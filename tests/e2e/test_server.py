@@ -9,8 +9,7 @@ from sglang_continuum.tools.server import SGLangServer, parse_metrics
 
 pytestmark = pytest.mark.e2e
 
-POOL = 2048
-ARGS = ["--max-total-tokens", str(POOL), "--enable-metrics", "--enable-cache-report", "--mem-fraction-static", "0.5"]
+from tests.e2e.conftest import ARGS, POOL
 WORDS = "ls cd grep find python pytest git diff patch file line error test tool search fetch".split()
 
 
@@ -40,14 +39,6 @@ def two_turn_program(url: str) -> tuple:
         extra_body=continuum_extra_body("prog-1", last_step=True, ignore_eos=True),
     )
     return r1, r2
-
-
-@pytest.fixture(scope="module")
-def continuum_server(tiny_model, tmp_path_factory):
-    log = tmp_path_factory.mktemp("logs") / "continuum.log"
-    env = {"SGLANG_CONTINUUM_TTL_MODEL": "fixed", "SGLANG_CONTINUUM_FIXED_TTL_S": "25"}
-    with SGLangServer(tiny_model, ["--schedule-policy", "continuum", *ARGS], env=env, log_path=log) as srv:
-        yield srv
 
 
 def test_second_turn_hits_under_continuum_and_misses_under_fcfs(continuum_server, tiny_model, tmp_path):

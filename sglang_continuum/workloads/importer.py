@@ -1,0 +1,127 @@
+"""Import real agent trajectories as workload programs.
+
+* OpenAI-format message lists (``messages`` as a list or a JSON string; assistant messages carry
+  ``tool_calls[*].execution_time_seconds``), e.g. SWE-agent / SWE-smith trajectories.
+* mini-swe-agent trajectory files (``{"messages": [...], "info": ...}``): the tool is the first
+  executable of the assistant's ```` ```bash ```` block; mini-swe-agent does not record tool
+  times, so a message's ``extra.duration`` / ``execution_time_seconds`` is used when present and
+  ``default_tool_s`` otherwise.
+
+One assistant message is one turn. Its ``append_tokens`` are the tokens of every message since the
+previous assistant message (system prompt and task on the first turn, tool output after), its
+``output_tokens`` the assistant's content plus tool-call arguments, all counted with the serving
+model's tokenizer. The program ends after its last assistant message (whatever tool it called).
+
+    python -m sglang_continuum.workloads.importer TRAJECTORIES.json --tokenizer .models/tiny-llama \\
+        --out workloads/swe-smith-5.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional
+
+from sglang_continuum.core.tool_calls import first_executable, from_openai_tool_calls, from_text
+from sglang_continuum.workloads.schema import Program, Turn, dump_workload
+
+Counter = Callable[[str], int]
+
+
+def _text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
+    return str(content)
+
+
+def _message_text(m: dict) -> str:
+    parts = [_text(m.get("content"))]
+    for call in m.get("tool_calls") or []:
+        fn = call.get("function") or {}
+        parts.append(f"{fn.get('name', '')}({fn.get('arguments', '')})")
+    return "\n".join(p for p in parts if p)
+
+
+def _duration(m: dict, default: float) -> float:
+    calls = m.get("tool_calls") or []
+    times = [c.get("execution_time_seconds") for c in calls if c.get("execution_time_seconds") is not None]
+    if times:
+        return float(sum(times))
+    extra = m.get("extra") or {}
+    for key in ("duration", "execution_time_seconds"):
+        if isinstance(extra.get(key), (int, float)):
+            return float(extra[key])
+    return default
+
+
+def messages_to_program(program_id: str, messages: list[dict], count: Counter, *, default_tool_s: float = 1.0,
+                        keep_text: bool = False) -> Program:
+    turns: list[Turn] = []
+    pending: list[str] = []
+    assistants = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    if not assistants:
+        raise ValueError(f"{program_id}: no assistant messages")
+    for i, m in enumerate(messages):
+        if m.get("role") != "assistant":
+            pending.append(_message_text(m))
+            continue
+        last = i == assistants[-1]
+        appended = "\n".join(pending)
+        tool = None if last else (
+            from_openai_tool_calls(m.get("tool_calls")) or from_text(_text(m.get("content"))) or "unknown"
+        )
+        turns.append(Turn(
+            append_tokens=max(1, count(appended)),
+            output_tokens=max(1, count(_message_text(m))),
+            tool=tool,
+            tool_duration_s=0.0 if last else _duration(m, default_tool_s),
+            text=appended if keep_text else None,
+        ))
+        pending = []
+    return Program(program_id=program_id, turns=turns)
+
+
+def load_trajectories(path: Path) -> Iterable[tuple[str, list[dict]]]:
+    data = json.loads(Path(path).read_text())
+    items = data if isinstance(data, list) else [data]
+    for n, item in enumerate(items):
+        msgs = item.get("messages") if isinstance(item, dict) else item
+        msgs = json.loads(msgs) if isinstance(msgs, str) else msgs
+        pid = str(item.get("traj_id") or item.get("instance_id") or f"{Path(path).stem}-{n}") if isinstance(item, dict) else f"{Path(path).stem}-{n}"
+        yield pid, msgs
+
+
+def tokenizer_counter(path: str) -> Counter:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    return lambda text: len(tok.encode(text, add_special_tokens=False)) if text else 0
+
+
+def import_files(paths: list[Path], count: Counter, **kw) -> list[Program]:
+    return [messages_to_program(pid, msgs, count, **kw) for p in paths for pid, msgs in load_trajectories(p)]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="Import agent trajectories as a workload (JSONL).")
+    ap.add_argument("paths", type=Path, nargs="+")
+    ap.add_argument("--tokenizer", required=True, help="the serving model's tokenizer (path)")
+    ap.add_argument("--default-tool-s", type=float, default=1.0, help="tool time when none is recorded")
+    ap.add_argument("--keep-text", action="store_true")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    programs = import_files(args.paths, tokenizer_counter(args.tokenizer), default_tool_s=args.default_tool_s,
+                            keep_text=args.keep_text)
+    dump_workload(programs, args.out)
+    print(f"wrote {args.out}: {len(programs)} programs, {sum(len(p.turns) for p in programs)} turns")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
