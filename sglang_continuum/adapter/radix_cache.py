@@ -54,6 +54,7 @@ class ContinuumRadixCache(UnifiedRadixCache):
         if params.enable_metrics:
             self.metrics = ContinuumMetrics(tp_rank=getattr(params, "tp_rank", 0) or 0)
         self.identify_tool: ToolIdentifier = lambda req: None
+        self._started: list = []  # (tag, uncached tokens) of returning misses admitted last step
         self._is_stats_writer = (getattr(params, "tp_rank", 0) or 0) == 0 and params.pp_rank == 0
         self._next_stats_save = self.step_clock() + self.settings.stats_save_interval_s
         if self.settings.stats_path:
@@ -105,10 +106,17 @@ class ContinuumRadixCache(UnifiedRadixCache):
         tag = get_tag(req)
         if tag is not None:
             self._release([self.continuum.turn_admitted(tag)])
+            if tag.returning_miss:  # T is observed once its first batch has run (next step)
+                uncached = len(req.origin_input_ids) - (getattr(req, "prefix_len", 0) or 0)
+                self._started.append((tag, max(0, uncached)))
 
     def step(self, now: float, program_waiting: Callable[[str], bool]) -> None:
         """Once per scheduler iteration: advance the clock, expire pins, publish metrics."""
         self.step_clock.set(now)
+        if self._started:
+            for tag, uncached in self._started:
+                self.continuum.turn_started(tag, uncached)
+            self._started.clear()
         self._release(self.continuum.expire(program_waiting))
         if self.metrics is not None:
             self.metrics.update(self.continuum)

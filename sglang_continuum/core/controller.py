@@ -96,11 +96,7 @@ class ContinuumController:
 
     def turn_admitted(self, tag: TurnTag) -> Optional[Pin]:
         """The turn was admitted and holds its own lock on its prefix: consume the program's pin
-        (a hit), and feed the queueing delay of returning turns that missed into T."""
-        if tag.returning_miss:
-            observe = getattr(self.ttl_model, "observe_queue_delay", None)
-            if observe is not None:
-                observe(self.clock() - tag.arrival)
+        (a hit)."""
         if not tag.meta.has_program:
             return None
         pin = self.pins.pop(tag.meta.program_id)
@@ -108,6 +104,19 @@ class ContinuumController:
             self.counters.hits += 1
             logger.debug("continuum: pin hit program=%s tokens=%d", tag.meta.program_id, pin.tokens)
         return pin
+
+    def turn_started(self, tag: TurnTag, uncached_tokens: int) -> None:
+        """The turn's first forward batch has run. For a returning turn that missed its prefix,
+        the time since it arrived beyond its own recompute is the delay a hit would have saved
+        besides the recompute: waiting in the queue and behind co-scheduled work (T)."""
+        if not tag.returning_miss:
+            return
+        observe = getattr(self.ttl_model, "observe_queue_delay", None)
+        if observe is None:
+            return
+        profile = getattr(self.ttl_model, "profile", None)
+        recompute = profile.seconds(uncached_tokens) if profile is not None else 0.0
+        observe(max(0.0, self.clock() - tag.arrival - recompute))
 
     def turn_finished(
         self,

@@ -150,3 +150,31 @@ def test_settings_from_env_and_file(tmp_path):
         ContinuumSettings.load({"SGLANG_CONTINUUM_PIN_BUDGET_FRACTION": "2"})
     with pytest.raises(ValueError, match="no such file"):
         ContinuumSettings.load({"SGLANG_CONTINUUM_CONFIG": str(tmp_path / "missing.toml")})
+
+
+def test_T_is_the_wait_of_returning_misses_beyond_their_recompute():
+    from sglang_continuum.core.cost_model import PrefillProfile
+
+    c, clock = make(ttl_model="cost", fixed_ttl_s=0.0)
+    c.ttl_model.profile = PrefillProfile((0.0, 0.001, 0.0))  # 1 ms per token
+    first = c.turn_arrived(turn("p"))
+    c.turn_started(first, 500)
+    assert len(c.ttl_model.queue_delay) == 0  # a first turn is not a returning miss
+    out = c.turn_finished(turn("p"), context_tokens=600, handle="h")
+    assert out.pin is None  # cold start, B = 0.6 s < 1: no pin
+    clock.advance(1.0)
+    back = c.turn_arrived(turn("p"))
+    assert back.returning_miss
+    clock.advance(2.0)
+    c.turn_started(back, 600)  # waited 2.0 s, 0.6 s of it recomputing
+    assert c.ttl_model.queue_delay.mean == pytest.approx(1.4)
+
+
+def test_shipped_config_file_matches_the_defaults():
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "configs" / "continuum.toml"
+    assert ContinuumSettings.load({"SGLANG_CONTINUUM_CONFIG": str(path)}) == ContinuumSettings()
+    text = path.read_text()
+    for name in ContinuumSettings.model_fields:
+        assert name in text, f"{name} is not documented in configs/continuum.toml"
