@@ -177,10 +177,11 @@ class Replayer:
         await asyncio.sleep(max(0.0, rec.planned_arrival - self._now()))
         rng = _program_rng(self.seed, program.program_id)
         context: list[int] = []
-        rec.start = self._now()
         for i, turn in enumerate(program.turns):
             context += [rng.randrange(5, self.vocab) for _ in range(turn.append_tokens)]
             t = TurnRecord(program.program_id, i, send=self._now())
+            if i == 0:
+                rec.start = t.send  # JCT: first request sent to last response
             rec.turns.append(t)
             path, body, headers = self._body(program, i, context)
             try:
@@ -197,7 +198,7 @@ class Replayer:
             context += out
             if turn.tool_duration_s > 0:
                 await asyncio.sleep(turn.tool_duration_s)
-        rec.end = self._now()
+        rec.end = rec.turns[-1].finish
 
     async def run(self, programs: list[Program], jps: float) -> ReplayResult:
         arrivals = arrival_times(len(programs), jps, self.seed)

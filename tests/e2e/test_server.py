@@ -86,6 +86,11 @@ def test_native_generate_with_session_id_as_program(continuum_server):
     assert httpx.post(continuum_server.url + "/generate", json=body, timeout=60).status_code == 200
     after = parse_metrics(continuum_server.metrics())
     assert after["sglang:continuum_pins_created_total"] == before + 1
+    body["sampling_params"]["custom_params"] = {"is_last_step": True}  # same program, last step
+    assert httpx.post(continuum_server.url + "/generate", json=body, timeout=60).status_code == 200
+    final = parse_metrics(continuum_server.metrics())
+    assert final["sglang:continuum_pin_hits_total"] == after["sglang:continuum_pin_hits_total"] + 1
+    assert final["sglang:continuum_pinned_programs"] == 0
 
 
 def test_frontend_program_carries_its_program_id(continuum_server):
