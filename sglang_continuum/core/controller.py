@@ -229,7 +229,7 @@ class ContinuumController:
                 "queue_delay_samples": len(model.queue_delay),
                 "eta": model.eta.eta,
                 "completed_programs": len(model.eta),
-                "program_turns": list(model.eta._programs),
+                "program_turns": model.eta.turn_counts(),
             }
         return {
             "ttl_model": self.settings.ttl_model,

@@ -123,6 +123,9 @@ class EtaEstimator:
     def __len__(self) -> int:
         return len(self._programs)
 
+    def turn_counts(self) -> list[int]:
+        return list(self._programs)
+
     @property
     def mean_turns(self) -> float:
         return float(np.mean(self._programs)) if self._programs else 0.0

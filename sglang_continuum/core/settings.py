@@ -14,7 +14,7 @@ import tomllib
 from pathlib import Path
 from typing import Literal, Mapping, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 ENV_PREFIX = "SGLANG_CONTINUUM_"
 CONFIG_ENV = ENV_PREFIX + "CONFIG"
@@ -56,6 +56,12 @@ class ContinuumSettings(BaseModel):
     # statistics persistence (warm start)
     stats_path: Optional[str] = Field(None, description="tool statistics loaded at start, saved periodically")
     stats_save_interval_s: float = Field(60.0, gt=0)
+
+    @model_validator(mode="after")
+    def _programs_outlive_pins(self) -> "ContinuumSettings":
+        if self.program_idle_timeout_s <= self.max_ttl_s + self.max_wait_hold_s:
+            raise ValueError("program_idle_timeout_s must exceed max_ttl_s + max_wait_hold_s")
+        return self
 
     @classmethod
     def load(cls, environ: Optional[Mapping[str, str]] = None) -> "ContinuumSettings":

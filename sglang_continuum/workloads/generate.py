@@ -70,8 +70,12 @@ def _lognormal_params(mean: float, std: float) -> tuple[float, float]:
 
 
 def generate(kind: str, programs: int, *, seed: int = 0, token_scale: float = 1.0, turn_repeat: int = 1,
-             min_turns: int = 2, max_tool_s: float = float("inf")) -> list[Program]:
-    """``max_tool_s`` clips tool durations (short CPU runs; the full tail is the default)."""
+             min_turns: int = 2, max_tool_s: float = float("inf"),
+             output_scale: float | None = None) -> list[Program]:
+    """``max_tool_s`` clips tool durations (short CPU runs; the full tail is the default);
+    ``output_scale`` scales output tokens separately (default: ``token_scale``), e.g. to keep
+    decode, which holds KV while it runs, a realistic share of the work for a tiny model."""
+    output_scale = token_scale if output_scale is None else output_scale
     spec = SPECS[kind]
     rng = np.random.default_rng(seed)
     tools = spec.tools
@@ -107,7 +111,7 @@ def generate(kind: str, programs: int, *, seed: int = 0, token_scale: float = 1.
             turns=[
                 Turn(
                     append_tokens=max(1, int(round(a * token_scale / div))),
-                    output_tokens=max(1, int(round(o * token_scale / div)) if token_scale < 1 else int(o / div) or 1),
+                    output_tokens=max(1, int(round(o * output_scale / div))),
                     tool=tool,
                     tool_duration_s=round(d, 4),
                 )
@@ -138,10 +142,11 @@ def main(argv=None) -> int:
     ap.add_argument("--token-scale", type=float, default=1.0)
     ap.add_argument("--turn-repeat", type=int, default=1)
     ap.add_argument("--max-tool-s", type=float, default=float("inf"), help="clip tool durations (seconds)")
+    ap.add_argument("--output-scale", type=float, default=None, help="output token scale (default: --token-scale)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     programs = generate(args.kind, args.programs, seed=args.seed, token_scale=args.token_scale,
-                        turn_repeat=args.turn_repeat, max_tool_s=args.max_tool_s)
+                        turn_repeat=args.turn_repeat, max_tool_s=args.max_tool_s, output_scale=args.output_scale)
     dump_workload(programs, args.out)
     print(f"wrote {args.out}: {summary(programs)}")
     return 0

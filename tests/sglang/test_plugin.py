@@ -73,3 +73,12 @@ def test_cache_hook_only_swaps_the_class_for_continuum():
     sentinel = object()
     assert chosen("continuum", cache_class=sentinel) is sentinel  # an explicit class wins
     assert SchedulePolicy.calc_priority.__module__ == "sglang.srt.managers.schedule_policy"
+
+
+def test_server_tool_call_parser_names_tools_without_the_request_tool_list():
+    from sglang_continuum.adapter.tool_identifier import sglang_detector
+
+    parse = sglang_detector("qwen25")
+    assert parse('<tool_call>\n{"name": "fetch_url", "arguments": {"url": "x"}}\n</tool_call>') == "fetch_url"
+    assert parse("no call here") is None
+    assert sglang_detector("no-such-parser") is None

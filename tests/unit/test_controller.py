@@ -148,6 +148,8 @@ def test_settings_from_env_and_file(tmp_path):
     assert s.ttl_model == "reference" and s.max_ttl_s == 4.0
     with pytest.raises(ValueError, match="invalid sglang-continuum settings"):
         ContinuumSettings.load({"SGLANG_CONTINUUM_PIN_BUDGET_FRACTION": "2"})
+    with pytest.raises(ValueError, match="program_idle_timeout_s must exceed"):
+        ContinuumSettings.load({"SGLANG_CONTINUUM_PROGRAM_IDLE_TIMEOUT_S": "20"})
     with pytest.raises(ValueError, match="no such file"):
         ContinuumSettings.load({"SGLANG_CONTINUUM_CONFIG": str(tmp_path / "missing.toml")})
 
@@ -178,3 +180,24 @@ def test_shipped_config_file_matches_the_defaults():
     text = path.read_text()
     for name in ContinuumSettings.model_fields:
         assert name in text, f"{name} is not documented in configs/continuum.toml"
+
+
+def test_warm_start_round_trip(tmp_path):
+    from sglang_continuum.core.persistence import load_stats, save_stats
+
+    c, clock = make(ttl_model="cost")
+    for i in range(3):
+        c.turn_arrived(turn("p"))
+        c.turn_finished(turn("p", tool="grep"), context_tokens=10, handle=None)
+        clock.advance(0.5 + i)
+    c.turn_arrived(turn("p", last=True))
+    c.turn_finished(turn("p", last=True), context_tokens=10, handle=None)
+    path = tmp_path / "stats.json"
+    save_stats(c, path)
+    fresh, _ = make(ttl_model="cost")
+    assert load_stats(fresh, path)
+    assert fresh.stats.tool("grep").samples() == c.stats.tool("grep").samples() == [0.5, 1.5, 2.5]
+    assert len(fresh.ttl_model.eta) == 1
+    (tmp_path / "bad.json").write_text("{not json")
+    assert not load_stats(fresh, tmp_path / "bad.json")  # a corrupt file is ignored, not fatal
+    assert not load_stats(fresh, tmp_path / "missing.json")

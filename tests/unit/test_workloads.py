@@ -70,6 +70,9 @@ def test_generators_are_seeded_and_scale():
     base = generate("swe", 300, seed=1)
     assert np.mean([len(p.turns) for p in rep]) == pytest.approx(3 * np.mean([len(p.turns) for p in base]), rel=0.01)
     assert summary(rep)["tokens_mean"] == pytest.approx(summary(base)["tokens_mean"], rel=0.05)
+    outs = np.mean([t.output_tokens for p in generate("swe", 300, seed=1, token_scale=0.02, output_scale=0.2)
+                    for t in p.turns])
+    assert outs == pytest.approx(0.2 * SPECS["swe"].output_tokens_mean, rel=0.1)
     capped = generate("swe", 200, seed=1, max_tool_s=2.0)
     assert max(t.tool_duration_s for p in capped for t in p.turns) <= 2.0
 
