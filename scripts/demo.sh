@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job: set up (idempotent, cached), then replay the CPU SWE-bench-like workload against
-# one SGLang server per policy and print the comparison table. About 10 minutes on 2 cores.
+# one SGLang server per policy and print the comparison table. About 7 minutes on 2 cores.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
