@@ -50,12 +50,17 @@ class ContinuumRadixCache(UnifiedRadixCache):
         budget = int(self.token_to_kv_pool_allocator.size * self.settings.pin_budget_fraction)
         self.continuum = ContinuumController(self.settings, clock=self.step_clock, budget_tokens=budget)
         self.report_malformed = MalformedReporter()
+        tp_rank = 0
+        if params.tp_cache_group is not None:
+            import torch.distributed as dist
+
+            tp_rank = dist.get_rank(group=params.tp_cache_group)
         self.metrics: Optional[ContinuumMetrics] = None
         if params.enable_metrics:
-            self.metrics = ContinuumMetrics(tp_rank=getattr(params, "tp_rank", 0) or 0)
+            self.metrics = ContinuumMetrics(tp_rank=tp_rank)
         self.identify_tool: ToolIdentifier = lambda req: None
         self._started: list = []  # (tag, uncached tokens) of returning misses admitted last step
-        self._is_stats_writer = (getattr(params, "tp_rank", 0) or 0) == 0 and params.pp_rank == 0
+        self._is_stats_writer = tp_rank == 0 and params.pp_rank == 0
         self._next_stats_save = self.step_clock() + self.settings.stats_save_interval_s
         if self.settings.stats_path:
             load_stats(self.continuum, self.settings.stats_path)
@@ -77,7 +82,9 @@ class ContinuumRadixCache(UnifiedRadixCache):
         pid = tag.meta.program_id
         aborted = isinstance(req.finished_reason, FINISH_ABORT)
         if checkpointed and req.finished() and not aborted:
-            self.finish_turn(tag.meta, req.last_node, context_tokens(req), self.identify_tool(req))
+            # decoding the output to find the tool is skipped when the client named it or no pin follows
+            parse = not (tag.meta.tool_name or tag.meta.is_last_step)
+            self.finish_turn(tag.meta, req.last_node, context_tokens(req), self.identify_tool(req) if parse else None)
         elif req.finished():  # aborted
             self._release(self.continuum.turn_aborted(tag.meta))
         else:  # retracted: it will queue again; its pin (if any) must not hold memory meanwhile
