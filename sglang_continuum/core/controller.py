@@ -15,7 +15,7 @@ from sglang_continuum.core import cost_model  # noqa: F401  (registers the "cost
 from sglang_continuum.core.clock import Clock
 from sglang_continuum.core.metadata import ProgramMeta
 from sglang_continuum.core.pins import Pin, PinTable
-from sglang_continuum.core.programs import ProgramRegistry, ProgramState, ToolReturn
+from sglang_continuum.core.programs import ProgramRegistry
 from sglang_continuum.core.settings import ContinuumSettings
 from sglang_continuum.core.tool_stats import UNKNOWN_TOOL, ToolStats
 from sglang_continuum.core.ttl import TTL_MODELS, TTLModel, TTLQuery
@@ -59,7 +59,6 @@ class ContinuumController:
         clock: Clock,
         budget_tokens: int = 0,
         ttl_model: Optional[TTLModel] = None,
-        on_tool_return: Optional[Callable[[ToolReturn], None]] = None,
     ) -> None:
         self.settings = settings
         self.clock = clock
@@ -74,7 +73,6 @@ class ContinuumController:
         self.ttl_model: TTLModel = ttl_model or TTL_MODELS[settings.ttl_model](
             settings=settings, stats=self.stats, clock=clock
         )
-        self._on_tool_return = on_tool_return
         self._seq = itertools.count(1)
 
     # -- events --------------------------------------------------------------------------
@@ -85,12 +83,7 @@ class ContinuumController:
             return TurnTag(meta, seq, seq, now)
         state, ret = self.programs.turn_arrived(meta.program_id, now, seq)
         if ret is not None:
-            self.stats.record(ret.tool, ret.seconds)
-            observe = getattr(self.ttl_model, "observe_tool_return", None)
-            if observe is not None:
-                observe(ret)
-            if self._on_tool_return is not None:
-                self._on_tool_return(ret)
+            self.stats.record(ret.tool, ret.seconds)  # TTL models read tool times from self.stats
         miss = state.turns_arrived > 1 and meta.program_id not in self.pins
         return TurnTag(meta, seq, state.arrival_seq, now, miss)
 
@@ -213,9 +206,6 @@ class ContinuumController:
             self.counters.shed += 1
             logger.debug("continuum: shed pin program=%s tokens=%d", pin.program_id, pin.tokens)
         return pin
-
-    def program(self, program_id: str) -> Optional[ProgramState]:
-        return self.programs.get(program_id)
 
     # -- warm start ----------------------------------------------------------------------
     def snapshot(self) -> dict:

@@ -22,7 +22,6 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from sglang_continuum.core.programs import ToolReturn
 from sglang_continuum.core.tool_stats import SampleWindow, ToolStats
 from sglang_continuum.core.ttl import TTLQuery, _argmax_sorted, register_ttl_model
 
@@ -152,9 +151,6 @@ class _Signals:
 
     def observe_program_end(self, n_turns: int) -> None:
         self.eta.add(n_turns)
-
-    def observe_tool_return(self, ret: ToolReturn) -> None:  # tool samples live in ToolStats
-        pass
 
 
 @dataclass(frozen=True, slots=True)

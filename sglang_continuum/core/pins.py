@@ -75,7 +75,7 @@ class PinTable:
         while self.pinned_tokens + pin.tokens > self.budget_tokens:
             latest = self._peek_latest()
             assert latest is not None  # pinned_tokens > 0 here
-            if (pin.program_arrival, 1) >= (latest.program_arrival, 0):
+            if pin.program_arrival >= latest.program_arrival:  # the newcomer is the latest: refuse it
                 released.append(pin)
                 return released
             self._remove(latest)
