@@ -22,9 +22,9 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable
 
-from sglang_continuum.core.tool_calls import first_executable, from_openai_tool_calls, from_text
+from sglang_continuum.core.tool_calls import from_openai_tool_calls, from_text
 from sglang_continuum.workloads.schema import Program, Turn, dump_workload
 
 Counter = Callable[[str], int]

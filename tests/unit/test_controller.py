@@ -122,7 +122,7 @@ def test_reference_rule():
     c, clock = make(ttl_model="reference")
     for i, gap in enumerate([1.0, 3.0, 4.0]):
         c.turn_arrived(turn("p"))
-        out = c.turn_finished(turn("p", tool="slow"), context_tokens=10, handle=f"h{i}")
+        c.turn_finished(turn("p", tool="slow"), context_tokens=10, handle=f"h{i}")
         clock.advance(gap)
     # unseen tool: pinned 2 s; then the mean of {1} <= 2 pins, the mean of {1, 3} = 2 pins,
     # the mean of {1, 3, 4} > 2 does not.
