@@ -5,10 +5,11 @@ schedule policy. It wraps two methods *of that scheduler instance* (other polici
 processes are untouched):
 
 * ``_add_request_to_queue``: tags each arriving turn (records tool return times);
-* ``get_next_batch_to_run``: first a Continuum step (clock, expiry), then SGLang's own batch
-  selection, then pin consumption for the turns that batch admitted, then stall shedding: if nothing runs, nothing was admitted, and
-  the head of the queue cannot fit in free + evictable memory, pins are shed (latest program
-  arrival first) until it fits. A pin therefore never wedges admission.
+* ``get_next_batch_to_run``: first a Continuum step (clock, expiry, offload, predictive reload),
+  then SGLang's own batch selection, then pin consumption for the turns that batch admitted, then
+  stall shedding: if nothing runs, nothing was admitted, and the head of the queue cannot fit in
+  free + evictable memory, pins are shed (latest program arrival first) until it fits. A pin
+  therefore never wedges admission.
 
 Tensor parallelism: every rank runs this same loop over the same requests, so decisions agree as
 long as the clock does. With tp_size > 1 the step time is the minimum of the ranks' clocks
@@ -117,6 +118,10 @@ def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
         if batch is not None and not batch.forward_mode.is_decode():
             for req in batch.reqs:  # newly admitted turns hold their prefix now: consume pins
                 cache.on_admitted(req)
+            if cache.host_tier is not None and batch.hicache_consumer_index < 0:
+                # a predictive reload still in flight: this batch may read its KV, so its forward
+                # waits on that load's layer events like on a load of its own
+                batch.hicache_consumer_index = cache.host_tier.reload_pending_index()
         if (
             plan.batch_to_run is None
             and scheduler.waiting_queue

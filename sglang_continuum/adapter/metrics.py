@@ -6,7 +6,7 @@ use ``multiprocess_mode="mostrecent"`` and counters aggregate across processes.
 
 from __future__ import annotations
 
-from sglang_continuum.core.controller import ContinuumController, PinCounters
+from sglang_continuum.core.controller import ContinuumController, HostCounters, PinCounters
 
 TTL_BUCKETS = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
@@ -26,6 +26,9 @@ class ContinuumMetrics:
         def counter(name: str, doc: str):
             return Counter(f"sglang:continuum_{name}", doc, labels).labels(**self._labels)
 
+        self._gauge, self._counter = gauge, counter
+        self._host: dict = {}
+        self._last_host = HostCounters()
         self.pinned_programs = gauge("pinned_programs", "Programs whose prefix is TTL-pinned.")
         self.pinned_tokens = gauge("pinned_tokens", "Tokens held by TTL pins (path lengths).")
         self.pin_budget_tokens = gauge("pin_budget_tokens", "Most tokens pins may hold.")
@@ -43,6 +46,25 @@ class ContinuumMetrics:
         ).labels(**self._labels)
         self._last = PinCounters()
 
+    def add_host_series(self) -> None:
+        """HiCache is on: series for offloads, host hits and predictive reloads."""
+        if self._host:
+            return
+        counter = self._counter
+        self.host_pinned_programs = self._gauge("host_pinned_programs", "Programs whose host copy is protected.")
+        self.host_pinned_tokens = self._gauge("host_pinned_tokens", "Host tokens protected by host pins.")
+        self._host = {
+            "offloaded": counter("offloads", "Expired or shed pins whose prefix went to a protected host copy."),
+            "offload_failed": counter("offload_failures", "Offloads that found no host room."),
+            "host_hits": counter("host_hits", "Returning turns that loaded their prefix back from host."),
+            "host_hit_tokens": counter("host_hit_tokens", "Tokens loaded back from host instead of recomputed."),
+            "host_expired": counter("host_pin_expiries", "Host pins released at their host TTL."),
+            "host_released": counter("host_pin_releases", "Host pins released by return, last step, abort, budget."),
+            "reloads_started": counter("predictive_reloads_started", "Predictive reloads started."),
+            "reloads_used": counter("predictive_reloads_used", "Predictive reloads the returning turn found on device."),
+            "reloads_wasted": counter("predictive_reloads_wasted", "Predictive reloads evicted or never used."),
+        }
+
     def observe_ttl(self, ttl: float) -> None:
         self.ttl_seconds.observe(ttl)
 
@@ -58,3 +80,12 @@ class ContinuumMetrics:
             if delta > 0:
                 metric.inc(delta)
         self._last = PinCounters(**{f: getattr(now, f) for f in PinCounters.__slots__})
+        if self._host:
+            self.host_pinned_programs.set(len(controller.host_pins))
+            self.host_pinned_tokens.set(controller.host_pins.pinned_tokens)
+            host = controller.host_counters
+            for field, metric in self._host.items():
+                delta = getattr(host, field) - getattr(self._last_host, field)
+                if delta > 0:
+                    metric.inc(delta)
+            self._last_host = HostCounters(**{f: getattr(host, f) for f in HostCounters.__slots__})

@@ -6,6 +6,11 @@ prefix is protected (not evictable, not counted as admission budget) by SGLang's
 and giving it back is an ``unlock``. The pin is taken in ``on_release`` right after the
 request's own lock is dropped, in the same call, so the prefix is never unprotected in between;
 it is consumed once the program's next turn is admitted, holding its own lock on the prefix.
+
+With HiCache (``--enable-hierarchical-cache``) a pin that expires or is shed before its program
+returns is offloaded: its path is backed up to host if it is not already, its host copy is
+host-locked for a host TTL (a host pin), and only then is the device lock dropped. The returning
+turn then loads the prefix back instead of recomputing it. See ``host_tier.py``.
 """
 
 from __future__ import annotations
@@ -16,11 +21,14 @@ from typing import Callable, Iterable, Optional
 from sglang.srt.managers.schedule_batch import FINISH_ABORT, Req
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.server_args import ServerArgs
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
+from sglang_continuum.adapter.host_tier import HostTier
 from sglang_continuum.adapter.metrics import ContinuumMetrics
 from sglang_continuum.adapter.request import context_tokens, get_tag, read_program_meta, set_tag
 from sglang_continuum.core.clock import Clock, StepClock, monotonic_clock
+from sglang_continuum.core.cost_model import PrefillProfile
 from sglang_continuum.core.controller import ContinuumController, TurnTag
 from sglang_continuum.core.metadata import MalformedReporter
 from sglang_continuum.core.pins import Pin
@@ -44,6 +52,8 @@ class ContinuumRadixCache(UnifiedRadixCache):
         clock: Clock = monotonic_clock,
     ) -> None:
         self.continuum: Optional[ContinuumController] = None  # reset() runs inside super().__init__
+        self.host_tier: Optional[HostTier] = None  # set by init_hicache
+        self._may_shed = True  # False while a predictive reload allocates: it must not cost a pin
         super().__init__(params)
         self.settings = settings or ContinuumSettings.load()
         self.step_clock = StepClock(clock)
@@ -56,6 +66,7 @@ class ContinuumRadixCache(UnifiedRadixCache):
 
             tp_rank = dist.get_rank(group=params.tp_cache_group)
         self.metrics: Optional[ContinuumMetrics] = None
+        self._tp_rank = tp_rank
         if params.enable_metrics:
             self.metrics = ContinuumMetrics(tp_rank=tp_rank)
         self.identify_tool: ToolIdentifier = lambda req: None
@@ -64,6 +75,27 @@ class ContinuumRadixCache(UnifiedRadixCache):
         self._next_stats_save = self.step_clock() + self.settings.stats_save_interval_s
         if self.settings.stats_path:
             load_stats(self.continuum, self.settings.stats_path)
+
+    def init_hicache(self, server_args: ServerArgs, params: CacheInitParams) -> None:
+        super().init_hicache(server_args, params)
+        self.host_tier = HostTier.attach(self)
+        if self.host_tier is None:
+            return
+        bandwidth = self.settings.host_bandwidth_bytes_per_s
+        if bandwidth is None and self.settings.prefill_profile:
+            bandwidth = PrefillProfile.load(self.settings.prefill_profile).host_bytes_per_s
+        reload = self.host_tier.reload_cost(bandwidth)
+        budget = int(self.host_tier.capacity_tokens * self.settings.host_pin_budget_fraction)
+        self.continuum.attach_host_tier(reload=reload, host_budget_tokens=budget, hold_cost=self.host_tier.hold_cost)
+        if self.metrics is not None:
+            self.metrics.add_host_series()
+        logger.info(
+            "continuum: HiCache host tier (write policy %s, %d host tokens, host pin budget %d, "
+            "reload %.0f MB/s at %d bytes/token, offload %s, predictive reload %s)",
+            self.host_tier.write_policy, self.host_tier.capacity_tokens, budget, reload.bytes_per_s / 1e6,
+            reload.bytes_per_token, "on" if self.settings.offload_to_host else "off",
+            "on" if self.settings.predictive_reload else "off",
+        )
 
     # -- request lifecycle ---------------------------------------------------------------
     def tag_request(self, req: Req) -> TurnTag:
@@ -101,7 +133,10 @@ class ContinuumRadixCache(UnifiedRadixCache):
             self.unlock(handle)
         if outcome.ttl is not None and self.metrics is not None:
             self.metrics.observe_ttl(outcome.ttl)
-        self._release(outcome.release)
+        # other programs' pins pushed out of the budget were shed: they may go to host
+        own = [p for p in outcome.release if p.program_id == meta.program_id or p.tier == "host"]
+        self._release(own)
+        self._release([p for p in outcome.release if p not in own], offload=True)
         return outcome.pin
 
     # -- called by the binding ----------------------------------------------------------
@@ -113,6 +148,10 @@ class ContinuumRadixCache(UnifiedRadixCache):
         tag = get_tag(req)
         if tag is not None:
             self._release([self.continuum.turn_admitted(tag)])
+            if self.host_tier is not None:
+                loaded = int(getattr(req, "host_loaded_length", 0) or 0)
+                prefix = int(getattr(req, "prefix_len", 0) or 0)
+                self._release(self.continuum.host_returned(tag, loaded, prefix))
             if tag.returning_miss:  # T is observed once its first batch has run (next step)
                 uncached = len(req.origin_input_ids) - (getattr(req, "prefix_len", 0) or 0)
                 self._started.append((tag, max(0, uncached)))
@@ -124,7 +163,10 @@ class ContinuumRadixCache(UnifiedRadixCache):
             for tag, uncached in self._started:
                 self.continuum.turn_started(tag, uncached)
             self._started.clear()
-        self._release(self.continuum.expire(program_waiting))
+        self._release(self.continuum.expire(program_waiting), offload=True)
+        if self.host_tier is not None:
+            self._release(self.continuum.expire_host(program_waiting))
+            self._start_predictive_reloads()
         if self.metrics is not None:
             self.metrics.update(self.continuum)
         if self.settings.stats_path and now >= self._next_stats_save:
@@ -147,7 +189,7 @@ class ContinuumRadixCache(UnifiedRadixCache):
                 self.continuum.counters.shed -= 1
                 kept = pin
                 continue
-            self._release([pin])
+            self._release([pin], offload=True, sync=True)
             shed += 1
         if kept is not None:
             self._release(self.continuum.pins.add(kept))
@@ -158,7 +200,7 @@ class ContinuumRadixCache(UnifiedRadixCache):
         allocator = self.token_to_kv_pool_allocator
         target = allocator.available_size() + params.num_tokens
         result = super().evict_for_alloc(params, allocation_reclaim_satisfied=allocation_reclaim_satisfied)
-        if self.continuum is None or not len(self.continuum.pins):
+        if self.continuum is None or not len(self.continuum.pins) or not self._may_shed:
             return result
 
         def satisfied() -> bool:
@@ -171,7 +213,7 @@ class ContinuumRadixCache(UnifiedRadixCache):
             pin = self.continuum.shed_one()
             if pin is None:
                 break
-            self._release([pin])
+            self._release([pin], offload=True, sync=True)
             more = super().evict_for_alloc(
                 EvictParams(num_tokens=max(0, target - allocator.available_size()), swa_num_tokens=params.swa_num_tokens, mamba_num=params.mamba_num),
                 allocation_reclaim_satisfied=allocation_reclaim_satisfied,
@@ -190,11 +232,47 @@ class ContinuumRadixCache(UnifiedRadixCache):
         # without unlocking.
         if self.continuum is not None:
             self.continuum.pins.clear()
+            self.continuum.host_pins.clear()
         super().reset()
 
     # -- internals -----------------------------------------------------------------------
-    def _release(self, pins: Iterable[Optional[Pin]]) -> None:
+    def _release(self, pins: Iterable[Optional[Pin]], *, offload: bool = False, sync: bool = False) -> None:
+        """Give pins' locks back. ``offload``: the pins ended early (expiry, shedding), so with a
+        host tier their prefix first gets a protected host copy (``sync`` when the device memory
+        is needed at once)."""
         for pin in pins:
-            if pin is not None and pin.handle is not None:
+            if pin is None or pin.handle is None:
+                continue
+            if pin.tier == "host":
+                self.host_tier.host_unlock(pin.handle)
+            else:
+                if offload and self.host_tier is not None:
+                    self._offload(pin, sync=sync)
                 self.unlock(pin.handle)
-                pin.handle = None
+            pin.handle = None
+
+    def _offload(self, pin: Pin, *, sync: bool) -> None:
+        outcome = self.continuum.offload(pin)
+        self._release(outcome.release)
+        host = outcome.pin
+        if host is None:
+            return
+        node = pin.handle.node
+        lock = self.host_tier.host_lock(node) if self.host_tier.back_up(node, sync=sync) else None
+        if lock is None:
+            self.continuum.offload_failed(host)
+            return
+        host.handle = lock
+        self.continuum.host_counters.offloaded += 1
+        logger.debug("continuum: offloaded program=%s tokens=%d host_ttl=%.3fs", pin.program_id, pin.tokens, outcome.ttl)
+
+    def _start_predictive_reloads(self) -> None:
+        for pin in self.continuum.due_reloads():
+            self._may_shed = False
+            try:
+                started = self.host_tier.reload(pin.handle.node, pin.tokens)
+            finally:
+                self._may_shed = True
+            if started:
+                self.continuum.reload_started(pin)
+                return  # one load in flight at a time

@@ -6,7 +6,8 @@
 * ``T``: sliding-window mean queueing delay of returning turns that missed their prefix.
 * ``eta = -Corr(k, N - k)`` over completed programs (k turns served, N total): 1 for fixed-length
   programs, about 0 for memoryless ones; it scales how much of T a hit really saves.
-* ``PrefillReload(r)``: seconds to rebuild the context (``PrefillProfile``).
+* ``PrefillReload(r)``: seconds to rebuild the context: prefill (``PrefillProfile``), or with a
+  host tier the host-to-device transfer (``ReloadCost``, see ``offload.py``).
 * Cold start (threshold K): ``|S| <= K`` -> the optimum under Exp(1) tool times with eta = 1,
   ``ln(B)`` for ``B > 1`` else 0; ``|S[f]| <= K`` -> the global CDF; otherwise the tool's own.
 """
@@ -22,6 +23,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from sglang_continuum.core.offload import ReloadCost, host_ttl
 from sglang_continuum.core.tool_stats import SampleWindow, ToolStats
 from sglang_continuum.core.ttl import TTLQuery, _argmax_sorted, register_ttl_model
 
@@ -34,6 +36,7 @@ class PrefillProfile:
     name: str = "default"
     notes: str = ""
     points: list = field(default_factory=list)
+    host_bytes_per_s: Optional[float] = None  # measured host-to-device bandwidth (HiCache reloads)
 
     def seconds(self, tokens: int) -> float:
         c0, c1, c2 = self.coeffs
@@ -57,10 +60,13 @@ class PrefillProfile:
     def load(cls, path: str | Path) -> "PrefillProfile":
         data = json.loads(Path(path).read_text())
         return cls(tuple(data["coeffs"]), name=data.get("name", Path(path).stem), notes=data.get("notes", ""),
-                   points=data.get("points", []))
+                   points=data.get("points", []), host_bytes_per_s=data.get("host_bytes_per_s"))
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "coeffs": list(self.coeffs), "points": self.points, "notes": self.notes}
+        out = {"name": self.name, "coeffs": list(self.coeffs), "points": self.points, "notes": self.notes}
+        if self.host_bytes_per_s is not None:
+            out["host_bytes_per_s"] = self.host_bytes_per_s
+        return out
 
 
 # Used when no profile is configured: about 8k tokens/s with a mild quadratic term, a deliberately
@@ -169,23 +175,50 @@ class CostModelTTL(_Signals):
         self.stats = stats
         self.k = settings.cold_start_k
         self.profile = profile or DEFAULT_PROFILE
+        self.reload: Optional[ReloadCost] = None  # set when a host tier (HiCache) is attached
+        self.host_hold_cost = 1.0
         self.last: Optional[Decision] = None
         self._ranks: dict[int, np.ndarray] = {}
 
+    def use_host_tier(self, reload: ReloadCost, hold_cost: float) -> None:
+        """A miss now costs a reload, not a prefill; host memory costs ``hold_cost`` x device's."""
+        self.reload = reload
+        self.host_hold_cost = hold_cost
+
+    def rebuild_s(self, context_tokens: int) -> float:
+        """PrefillReload(r): what a device miss costs besides queueing."""
+        if self.reload is not None:
+            return self.reload.seconds(context_tokens)
+        return self.profile.seconds(context_tokens)
+
     def benefit_s(self, context_tokens: int) -> float:
-        return self.queue_delay.mean * self.eta.eta + self.profile.seconds(context_tokens)
+        return self.queue_delay.mean * self.eta.eta + self.rebuild_s(context_tokens)
+
+    def window_for(self, tool: str) -> tuple[Optional[SampleWindow], str]:
+        """The CDF a decision for ``tool`` reads: (None, "cold") below K global samples."""
+        glob = self.stats.global_samples
+        if len(glob) <= self.k:
+            return None, "cold"
+        window = self.stats.tool(tool)
+        if window is None or len(window) <= self.k:
+            return glob, "global"
+        return window, "tool"
 
     def decide(self, query: TTLQuery) -> Decision:
         benefit = self.benefit_s(query.context_tokens)
-        glob = self.stats.global_samples
-        if len(glob) <= self.k:
+        window, source = self.window_for(query.tool)
+        if window is None:
             ttl = math.log(benefit) if benefit > 1.0 else 0.0
-            return Decision(ttl, "cold", benefit, len(glob))
-        window = self.stats.tool(query.tool)
-        source = "tool"
-        if window is None or len(window) <= self.k:
-            window, source = glob, "global"
+            return Decision(ttl, source, benefit, len(self.stats.global_samples))
         return Decision(self._argmax(window, benefit), source, benefit, len(window))
+
+    def host_ttl(self, query: TTLQuery, elapsed_s: float) -> float:
+        """Seconds to keep the host copy after the device pin ended ``elapsed_s`` after the turn."""
+        if self.reload is None:
+            return 0.0
+        benefit = self.profile.seconds(query.context_tokens) - self.reload.seconds(query.context_tokens)
+        window, _ = self.window_for(query.tool)
+        return host_ttl(None if window is None else window.sorted, elapsed_s, benefit, self.host_hold_cost)
 
     def ttl(self, query: TTLQuery) -> float:
         self.last = self.decide(query)

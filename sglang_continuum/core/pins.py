@@ -23,6 +23,7 @@ class Pin:
     created: float
     handle: Any = None
     overstay: bool = False  # deadline already extended once because a turn of the program waited
+    tier: str = "device"  # "host": protects the program's host copy (HiCache), not device memory
     seq: int = field(default=0, compare=False)
 
 

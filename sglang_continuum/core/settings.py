@@ -46,6 +46,21 @@ class ContinuumSettings(BaseModel):
         10.0, ge=0, description="how long an expired pin is kept while its program's next turn waits"
     )
 
+    # host tier (--enable-hierarchical-cache)
+    offload_to_host: bool = Field(
+        True, description="back up expired or shed pins to host memory and protect the host copy"
+    )
+    host_pin_budget_fraction: float = Field(0.5, ge=0, le=1, description="share of the host pool host pins may hold")
+    host_ttl_s: float = Field(60.0, ge=0, description="host-copy TTL for the fixed/reference/bernstein models")
+    max_host_ttl_s: float = Field(300.0, ge=0, description="cap on any host-copy TTL")
+    host_bandwidth_bytes_per_s: Optional[float] = Field(
+        None, gt=0, description="host-to-device bandwidth for the reload cost; unset: the prefill "
+        "profile's measured value, else a conservative 6 GB/s"
+    )
+    predictive_reload: bool = Field(False, description="load a host-only prefix back before its tool returns")
+    predictive_reload_quantile: float = Field(0.5, gt=0, le=1, description="predicted return = this quantile")
+    predictive_reload_lead_s: float = Field(0.05, ge=0, description="start this long before transfer + return")
+
     # bounded state
     max_programs: int = Field(100_000, ge=1)
     program_idle_timeout_s: float = Field(900.0, gt=0)
@@ -59,8 +74,8 @@ class ContinuumSettings(BaseModel):
 
     @model_validator(mode="after")
     def _programs_outlive_pins(self) -> "ContinuumSettings":
-        if self.program_idle_timeout_s <= self.max_ttl_s + self.max_wait_hold_s:
-            raise ValueError("program_idle_timeout_s must exceed max_ttl_s + max_wait_hold_s")
+        if self.program_idle_timeout_s <= self.max_ttl_s + self.max_wait_hold_s + self.max_host_ttl_s:
+            raise ValueError("program_idle_timeout_s must exceed max_ttl_s + max_wait_hold_s + max_host_ttl_s")
         return self
 
     @classmethod

@@ -1,0 +1,120 @@
+"""HiCache as Continuum uses it: the only module that reaches into SGLang's host tier.
+
+SGLang 0.5.23 keeps the host tier inside ``UnifiedRadixCache`` (``init_hicache``): a host pool,
+a ``HybridCacheController`` that copies device<->host, and per-node host state in the tree. Continuum
+needs five operations from it, each a thin call into that machinery:
+
+* ``back_up(node)``: give a node's whole path a host copy. Under ``write_through`` it already has
+  one (backed up at insert); under ``write_through_selective`` and ``write_back`` an unbacked path
+  is copied now -- asynchronously through the same write-through action ``insert`` issues (the
+  path stays device-locked until the copy is acknowledged), or synchronously (one node at a time,
+  SGLang's own write-back eviction step) when the device memory is needed right away.
+* ``host_lock`` / ``host_unlock``: protect the host copy from host eviction (``host_lock_ref`` on
+  the path's last node; host eviction only takes unlocked host leaves, so the path is safe).
+* ``reload(node)``: predictive reload -- ``load_back`` plus ``start_loading`` outside a batch, the
+  shape PD decode uses for local restores, only when no other load is in flight and without
+  shedding pins.
+* ``reload_cost()``: the transfer-time model, from the host pool's bytes per token.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
+
+from sglang_continuum.core.offload import DEFAULT_HOST_BYTES_PER_S, ReloadCost
+
+if TYPE_CHECKING:
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class HostLock:
+    """A host pin's engine handle: the protected node and the receipt that unlocks it."""
+
+    node: int
+    receipt: Any
+
+
+class HostTier:
+    def __init__(self, cache: "UnifiedRadixCache") -> None:
+        self.cache = cache
+        controller = cache.cache_controller
+        self.write_policy: str = controller.write_policy
+        host = controller.mem_pool_host
+        self.capacity_tokens = int(host.size)
+        self.bytes_per_token = int(host.anchor_entry.host_pool.size_per_token)
+        self.device_tokens = int(cache.token_to_kv_pool_allocator.size)
+        self.reload_index = -1  # producer index of the predictive reload in flight, if any
+
+    @classmethod
+    def attach(cls, cache: "UnifiedRadixCache") -> Optional["HostTier"]:
+        """The host tier of ``cache``, or None without HiCache (or in modes we do not drive:
+        buffer-only host memory, an external cache linker)."""
+        if getattr(cache, "cache_controller", None) is None:
+            return None
+        if getattr(cache, "host_memory_mode", "cache") != "cache" or getattr(cache, "linker", None) is not None:
+            logger.warning("continuum: HiCache mode without a host cache tier; pins are not offloaded")
+            return None
+        return cls(cache)
+
+    def reload_cost(self, bytes_per_s: Optional[float]) -> ReloadCost:
+        return ReloadCost(self.bytes_per_token, bytes_per_s or DEFAULT_HOST_BYTES_PER_S)
+
+    @property
+    def hold_cost(self) -> float:
+        """Holding a token on host, relative to holding it on the device: device pool / host pool."""
+        return self.device_tokens / max(1, self.capacity_tokens)
+
+    # -- offload -------------------------------------------------------------------------
+    def back_up(self, node: int, *, sync: bool) -> bool:
+        """Make sure the path to ``node`` has (or is getting) a host copy; False if the host pool
+        could not take it."""
+        tree = self.cache.tree_core
+        if tree.is_backuped(node):
+            return True
+        action = tree.build_backup_kv_action(node)  # unbacked ancestors first, then node
+        if sync:
+            for node_id in action.node_ids:
+                if not tree.is_backuped(node_id) and not self.cache.backup_node_for_write_back(node_id):
+                    return False
+        else:
+            self.cache._apply_cache_actions([action])
+        return tree.is_backuped(node)
+
+    def host_lock(self, node: int) -> Optional[HostLock]:
+        if not self.cache.tree_core.is_backuped(node):
+            return None
+        return HostLock(node, self.cache.inc_host_lock_ref(node).to_dec_params())
+
+    def host_unlock(self, lock: HostLock) -> None:
+        self.cache.dec_host_lock_ref(lock.node, lock.receipt)
+
+    def on_device(self, node: int) -> bool:
+        return not self.cache.tree_core.is_full_device_evicted(node)
+
+    # -- predictive reload ---------------------------------------------------------------
+    def reload(self, node: int, tokens: int) -> bool:
+        """Start loading ``node``'s evicted path back to the device. Declined while another load
+        is in flight (its layer-event slots belong to the scheduler's batches) or when it would
+        not fit in free plus evictable memory; the caller keeps pins from being shed meanwhile."""
+        cache = self.cache
+        controller = cache.cache_controller
+        if self.on_device(node) or controller.load_queue or controller.ack_load_queue:
+            return False
+        room = cache.token_to_kv_pool_allocator.available_size() + cache.evictable_size()
+        if tokens > room:
+            return False
+        if not cache.load_back(node, mem_quota=room):
+            return False
+        self.reload_index = cache.ready_to_load_host_cache()
+        return True
+
+    def reload_pending_index(self) -> int:
+        """The layer-event slot a batch must wait on before reading reloaded KV (-1: none)."""
+        if self.reload_index >= 0 and self.cache.is_load_back_event_done(self.reload_index):
+            self.reload_index = -1
+        return self.reload_index

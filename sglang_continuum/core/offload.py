@@ -1,0 +1,85 @@
+"""The host tier (HiCache) in the cost model: reload cost, host-side TTL, predictive reload.
+
+With a host copy, a program whose device pin ended loses only a host-to-device transfer, not a
+prefill. Three decisions follow, all pure functions of the tool-time distribution:
+
+* device TTL: the alternative to a device hit becomes a reload, so ``PrefillReload(r)`` is the
+  transfer time (``ReloadCost``) rather than the prefill time (the paper, section 4);
+* host TTL: how long to protect the host copy once the device pin ended ``elapsed`` seconds after
+  the turn finished. The tool has not returned yet, so the CDF is conditioned on ``t > elapsed``;
+  a host hit saves ``Prefill(r) - Reload(r)``, and holding host memory is ``hold_cost`` times as
+  expensive as holding device memory (device pool / host pool, so a host twice the device's size
+  halves the cost):
+  ``argmax over tau of  P(elapsed < t <= elapsed + tau | t > elapsed) * benefit - hold_cost * tau``;
+* predictive reload (Tokencake's idea): start loading the prefix back ``lead`` seconds before the
+  tool's predicted return (a quantile of the conditioned distribution).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from sglang_continuum.core.ttl import _argmax_sorted
+
+# Conservative host-to-device bandwidth when nothing was measured: a quarter of PCIe 4.0 x16's
+# practical ~25 GB/s (scattered page copies, shared links). ``scripts/profile_prefill.py --hicache``
+# measures the real figure.
+DEFAULT_HOST_BYTES_PER_S = 6e9
+DEFAULT_RELOAD_LATENCY_S = 1e-3
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadCost:
+    """Seconds to bring ``n`` tokens of KV back from host memory."""
+
+    bytes_per_token: int
+    bytes_per_s: float = DEFAULT_HOST_BYTES_PER_S
+    latency_s: float = DEFAULT_RELOAD_LATENCY_S
+
+    def __post_init__(self) -> None:
+        if self.bytes_per_token <= 0 or self.bytes_per_s <= 0 or self.latency_s < 0:
+            raise ValueError("reload cost needs bytes_per_token > 0, bytes_per_s > 0, latency_s >= 0")
+
+    def seconds(self, tokens: int) -> float:
+        return self.latency_s + max(0, tokens) * self.bytes_per_token / self.bytes_per_s
+
+
+def remaining_samples(sorted_samples: np.ndarray, elapsed: float) -> np.ndarray:
+    """Tool times still possible after ``elapsed`` seconds without a return, shifted to start at 0."""
+    i = int(np.searchsorted(sorted_samples, elapsed, side="right"))
+    return sorted_samples[i:] - elapsed
+
+
+def host_ttl(sorted_samples: Optional[np.ndarray], elapsed: float, benefit_s: float, hold_cost: float) -> float:
+    """Seconds (from now) to protect the host copy; 0 means release it.
+
+    ``sorted_samples=None`` is the cold start: Exp(1) tool times, memoryless, so the conditioned
+    optimum is the unconditioned one, ``ln(benefit / hold_cost)`` when that is positive.
+    """
+    if benefit_s <= 0:
+        return 0.0
+    ratio = benefit_s / hold_cost if hold_cost > 0 else math.inf
+    if sorted_samples is None:
+        return math.log(ratio) if ratio > 1.0 else 0.0
+    rest = remaining_samples(sorted_samples, elapsed)
+    if rest.size == 0:  # every observed call of this tool has returned by now
+        return 0.0
+    if math.isinf(ratio):
+        return float(rest[-1])
+    return _argmax_sorted(rest, ratio)
+
+
+def predicted_return(sorted_samples: Optional[np.ndarray], elapsed: float, quantile: float) -> Optional[float]:
+    """Seconds from now until the tool's ``quantile`` return time given it has not returned after
+    ``elapsed``; ``None`` when there is nothing to predict from."""
+    if sorted_samples is None or sorted_samples.size == 0:
+        return None
+    rest = remaining_samples(sorted_samples, elapsed)
+    if rest.size == 0:
+        return 0.0  # overdue: it is expected any moment
+    return float(np.quantile(rest, quantile, method="inverted_cdf"))
+

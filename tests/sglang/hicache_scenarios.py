@@ -1,0 +1,167 @@
+"""Scenarios for ``test_hicache.py`` (each runs in its own interpreter: SGLang builds its parallel
+runtime once per process, so a second in-process Scheduler cannot be made). Tier 2: Continuum with
+SGLang's real HiCache (``init_hicache``, ``HybridCacheController``, host
+pool, write-through/back, load back), in a real Scheduler stepped in this process.
+
+Host and device pools are both CPU memory here; the CPU shim (README, "Running SGLang on CPU")
+stands in for ``cudaHostRegister`` and the ``direct`` io backend's copy kernel only.
+
+Each scenario: program P's turn 1 finishes and is pinned (fixed TTL 0.2 s); the pin expires while
+P is out on its tool; other requests fill the device pool (P's prefix is evicted from the device);
+P's turn 2 comes back. With Continuum the expired pin went to a protected host copy, so turn 2
+loads its context back from host; under ``write_through_selective`` plain fcfs drops the
+once-used prefix on eviction and turn 2 recomputes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tests.support.inprocess import SchedulerDriver, build_scheduler
+
+POOL = 1024
+TTL_S = 0.2
+TOOL_S = 4.0  # predictive scenario: long enough for the fillers to run before the reload is due
+HICACHE = dict(
+    enable_hierarchical_cache=True, hicache_io_backend="direct", hicache_mem_layout="layer_first", hicache_ratio=2.0,
+)
+
+
+def tokens(rng, n, vocab=500):
+    return [rng.randrange(5, vocab) for _ in range(n)]
+
+
+def scheduler(tiny_model, policy: str, write_policy: str, env: dict) -> SchedulerDriver:
+    os.environ.update({"SGLANG_CONTINUUM_TTL_MODEL": "fixed", "SGLANG_CONTINUUM_FIXED_TTL_S": str(TTL_S), **env})
+    sched = build_scheduler(tiny_model, schedule_policy=policy, max_total_tokens=POOL,
+                            hicache_write_policy=write_policy, **HICACHE)
+    return SchedulerDriver(sched)
+
+
+def idle_steps(driver, seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        driver.step()
+        time.sleep(0.02)
+
+
+def fill_device(driver, rng) -> None:
+    for _ in range(5):
+        driver.submit(tokens(rng, 250), max_new_tokens=4)
+    driver.run_until_idle()
+
+
+def program_turns(driver, rng, pid: str, *, gap: callable):
+    """Turn 1, ``gap`` (the tool call), turn 2 (last step). Returns (turn-1 context, turn-2 req)."""
+    ctx = tokens(rng, 300)
+    r1 = driver.submit(ctx, max_new_tokens=8, custom_params={"program_id": pid, "tool_name": "t"})
+    driver.run_until_idle()
+    gap()
+    previous = ctx + driver.output_ids(r1)
+    r2 = driver.submit(previous + tokens(rng, 20), max_new_tokens=4, custom_params={"program_id": pid, "is_last_step": True})
+    driver.run_until_idle()
+    return previous, driver.req(r2)
+
+
+def assert_nothing_held(cache) -> None:
+    """No device or host slot leaks: once everything evictable is evicted, both pools are whole."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    cache.check_hicache_events()
+    cache.writing_check(write_back=True)
+    assert cache.protected_size() == 0
+    cache.evict(EvictParams(num_tokens=10**6))
+    allocator = cache.token_to_kv_pool_allocator
+    assert allocator.available_size() == allocator.size
+    host = cache.cache_controller.mem_pool_host
+    cache.evict_host(host.size)
+    assert host.available_size() == host.size
+
+
+def expired_pin_goes_to_host_and_next_turn_loads_it_back(tiny_model, write_policy):
+    driver = scheduler(tiny_model, "continuum", write_policy, {})
+    cache = driver.s.tree_cache
+    assert cache.host_tier is not None and cache.host_tier.write_policy == write_policy
+    rng = random.Random(7)
+    seen = {}
+
+    def tool_call():
+        pin = cache.continuum.pins.get("P")
+        assert pin is not None
+        seen["node"] = pin.handle.node
+        idle_steps(driver, TTL_S + 0.2)  # the pin expires while the tool runs: offloaded
+        assert "P" not in cache.continuum.pins
+        host = cache.continuum.host_pins.get("P")
+        assert host is not None and cache.continuum.host_counters.offloaded == 1
+        cache.writing_check(write_back=True)  # let the backup land
+        assert cache.tree_core.is_backuped(seen["node"])
+        fill_device(driver, rng)
+        assert not cache.host_tier.on_device(seen["node"]), "the fillers did not evict P's prefix"
+
+    previous, turn2 = program_turns(driver, rng, "P", gap=tool_call)
+    # served from host: loaded back, not recomputed (the last output token's KV never existed)
+    assert turn2.host_loaded_length >= len(previous) - 1 - 8
+    assert turn2.cached_tokens == len(previous) - 1
+    counters = cache.continuum.host_counters
+    assert counters.host_hits == 1 and counters.host_hit_tokens == turn2.host_loaded_length
+    assert len(cache.continuum.host_pins) == 0  # the last step released the host copy
+    assert_nothing_held(cache)
+
+
+def without_continuum_the_same_sequence_recomputes(tiny_model, write_policy):
+    driver = scheduler(tiny_model, "fcfs", write_policy, {})
+    rng = random.Random(7)
+    previous, turn2 = program_turns(
+        driver, rng, "P", gap=lambda: (idle_steps(driver, TTL_S + 0.2), fill_device(driver, rng))
+    )
+    assert turn2.host_loaded_length == 0
+    assert turn2.cached_tokens < 50  # the prefix was dropped with its device copy
+    assert_nothing_held(driver.s.tree_cache)
+
+
+def predictive_reload_brings_the_prefix_back_before_the_tool_returns(tiny_model, write_policy):
+    from sglang_continuum.core.tool_stats import ToolStats
+
+    tmp_path = Path(tempfile.mkdtemp())
+    stats = ToolStats()
+    for _ in range(20):
+        stats.record("t", TOOL_S)  # the tool always takes TOOL_S
+    path = tmp_path / "stats.json"
+    path.write_text(json.dumps({"tool_stats": stats.to_dict()}))
+    driver = scheduler(tiny_model, "continuum", write_policy, {
+        "SGLANG_CONTINUUM_PREDICTIVE_RELOAD": "1", "SGLANG_CONTINUUM_COLD_START_K": "5",
+        "SGLANG_CONTINUUM_STATS_PATH": str(path), "SGLANG_CONTINUUM_PREDICTIVE_RELOAD_LEAD_S": "0.3",
+    })
+    cache = driver.s.tree_cache
+    rng = random.Random(8)
+    seen = {}
+
+    def tool_call():
+        start = time.monotonic()
+        seen["node"] = cache.continuum.pins.get("P").handle.node
+        idle_steps(driver, TTL_S + 0.1)
+        fill_device(driver, rng)
+        assert not cache.host_tier.on_device(seen["node"])
+        assert cache.continuum.host_counters.reloads_started == 0
+        # reload due TOOL_S - lead (0.3 s) after the turn; the turn comes back at TOOL_S
+        idle_steps(driver, max(0.0, TOOL_S - (time.monotonic() - start)))
+        assert cache.continuum.host_counters.reloads_started == 1
+        assert cache.host_tier.on_device(seen["node"])
+
+    previous, turn2 = program_turns(driver, rng, "P", gap=tool_call)
+    assert turn2.host_loaded_length == 0 and turn2.cached_tokens == len(previous) - 1
+    counters = cache.continuum.host_counters
+    assert counters.reloads_used == 1 and counters.reloads_wasted == 0
+    assert_nothing_held(cache)
+
+
+if __name__ == "__main__":
+    scenario, model, policy = sys.argv[1:4]
+    globals()[scenario](model, policy)
+    print(f"scenario {scenario} ({policy}) passed")
