@@ -8,7 +8,9 @@ replays the identical seeded workload, scrapes ``/metrics``, stops the server, a
         --policies fcfs,lpm,continuum-ref,continuum --jps 0.5 --out out/bench
 
 Policies: ``fcfs``, ``lpm`` (SGLang's own), ``continuum-ref`` (continuum with the public
-reference's fixed 2 s rule), ``continuum-fixed`` (fixed TTL), ``continuum`` (the cost model).
+reference's fixed 2 s rule), ``continuum-fixed`` (fixed TTL), ``continuum`` (the cost model);
+any of them with ``+hicache`` adds SGLang's host tier (``--enable-hierarchical-cache``) and is
+compared with ``fcfs+hicache``.
 ``--url`` replays against an already running server instead (one policy, e.g. vLLM).
 """
 
@@ -37,6 +39,9 @@ POLICIES: dict[str, tuple[list[str], dict[str, str]]] = {
     "continuum": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_TTL_MODEL": "cost"}),
 }
 HICACHE_FLAGS = ["--enable-hierarchical-cache"]
+# CPU servers: the direct io backend with the layer-first host layout (the one the CPU shim's
+# stand-in for sgl_kernel's transfer_kv_direct serves; see README "Running SGLang on CPU")
+HICACHE_CPU_FLAGS = ["--hicache-io-backend", "direct", "--hicache-mem-layout", "layer_first"]
 CPU_PROFILE = Path(__file__).resolve().parents[2] / "configs" / "profiles" / "cpu-tiny-llama.json"
 
 
@@ -48,13 +53,13 @@ def pressure_pool_tokens(programs, hold_programs: float) -> int:
     return int(max(biggest + 256, hold_programs * sum(ctx) / len(ctx)))
 
 
-def parse_policy(name: str) -> tuple[list[str], dict[str, str]]:
+def parse_policy(name: str, *, cpu: bool = True) -> tuple[list[str], dict[str, str]]:
     base, _, extra = name.partition("+")
     if base not in POLICIES:
         raise SystemExit(f"unknown policy {name!r}; choose from {sorted(POLICIES)} (optionally +hicache)")
     args, env = POLICIES[base]
     if extra == "hicache":
-        args = args + HICACHE_FLAGS
+        args = args + HICACHE_FLAGS + (HICACHE_CPU_FLAGS if cpu else [])
     elif extra:
         raise SystemExit(f"unknown policy suffix {extra!r}")
     return list(args), dict(env)
@@ -110,7 +115,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             else:
                 if not args.model:
                     ap.error("--model is required unless --url is given")
-                flags, env = parse_policy(policy)
+                flags, env = parse_policy(policy, cpu=not args.gpu)
                 log = args.out / f"server-{policy}-{jps:g}.log"
                 with SGLangServer(args.model, [*flags, *common], env={**env, **extra_env}, log_path=log,
                                   cpu=not args.gpu) as server:

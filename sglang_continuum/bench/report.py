@@ -14,6 +14,10 @@ PIN_SERIES = {
     "pin_expiries": "sglang:continuum_pin_expiries_total",
     "pin_sheds": "sglang:continuum_pin_sheds_total",
     "pins_created": "sglang:continuum_pins_created_total",
+    # HiCache: SGLang's own count of tokens loaded back from host, and Continuum's offloads
+    "host_loaded_tokens": "sglang:load_back_tokens_total",
+    "offloads": "sglang:continuum_offloads_total",
+    "host_hit_tokens": "sglang:continuum_host_hit_tokens_total",
 }
 
 
@@ -26,7 +30,8 @@ def summarize(result: ReplayResult) -> dict:
     prompt = sum(t.prompt_tokens for t in ok_turns)
     cached = sum(t.cached_tokens for t in ok_turns)
     out_tokens = sum(t.output_tokens for t in ok_turns)
-    before, after = parse_metrics(result.metrics_before), parse_metrics(result.metrics_after)
+    before = parse_metrics(result.metrics_before, prefix="sglang:")
+    after = parse_metrics(result.metrics_after, prefix="sglang:")
     pct = (lambda q: float(np.percentile(jcts, q))) if jcts.size else (lambda q: float("nan"))
     return {
         "programs": len(progs),
@@ -52,17 +57,24 @@ COLUMNS = [
     ("jct_p99_s", "P99", "{:.2f}"), ("programs_per_s", "programs/s", "{:.3f}"), ("tokens_per_s", "tokens/s", "{:.0f}"),
     ("mean_turn_wait_s", "turn queue s", "{:.3f}"), ("cache_hit_ratio", "cache hit", "{:.1%}"),
     ("pin_hits", "pin hits", "{:.0f}"), ("pin_expiries", "expiries", "{:.0f}"), ("pin_sheds", "sheds", "{:.0f}"),
-    ("failed_requests", "failed", "{}"),
+    ("host_loaded_tokens", "host-loaded tokens", "{:.0f}"), ("failed_requests", "failed", "{}"),
 ]
+
+
+def baseline_of(policy: str, baseline: str = "fcfs") -> str:
+    """A policy is compared with the baseline on the same cache tiers: ``x+hicache`` with
+    ``fcfs+hicache``."""
+    _, plus, extra = policy.partition("+")
+    return baseline + plus + extra
 
 
 def markdown_table(rows: list[dict], baseline: str = "fcfs") -> str:
     head = [c[1] for c in COLUMNS] + [f"mean JCT vs {baseline}", f"P95 vs {baseline}"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    base = {r["jps"]: r for r in rows if r["policy"] == baseline}
+    base = {(r["jps"], r["policy"]): r for r in rows}
     for r in rows:
-        cells = [fmt.format(r[key]) for key, _, fmt in COLUMNS]
-        b = base.get(r["jps"])
+        cells = [fmt.format(r.get(key, 0.0)) for key, _, fmt in COLUMNS]
+        b = base.get((r["jps"], baseline_of(r["policy"], baseline)))
         for key in ("jct_mean_s", "jct_p95_s"):
             cells.append(f"{b[key] / r[key]:.2f}x" if b and r[key] and np.isfinite(r[key]) else "-")
         lines.append("| " + " | ".join(cells) + " |")
