@@ -74,18 +74,18 @@ class ContinuumMetrics:
         self.pinned_tokens.set(pins.pinned_tokens)
         self.pin_budget_tokens.set(pins.budget_tokens)
         self.tracked_programs.set(len(controller.programs))
-        now = controller.counters
-        for field, metric in self._counters.items():
-            delta = getattr(now, field) - getattr(self._last, field)
-            if delta > 0:
-                metric.inc(delta)
-        self._last = PinCounters(**{f: getattr(now, f) for f in PinCounters.__slots__})
+        self._last = _advance(self._counters, controller.counters, self._last)
         if self._host:
             self.host_pinned_programs.set(len(controller.host_pins))
             self.host_pinned_tokens.set(controller.host_pins.pinned_tokens)
-            host = controller.host_counters
-            for field, metric in self._host.items():
-                delta = getattr(host, field) - getattr(self._last_host, field)
-                if delta > 0:
-                    metric.inc(delta)
-            self._last_host = HostCounters(**{f: getattr(host, f) for f in HostCounters.__slots__})
+            self._last_host = _advance(self._host, controller.host_counters, self._last_host)
+
+
+def _advance(series: dict, now, last):
+    """Add to each Prometheus counter what the controller's counter gained since ``last``; return
+    a copy of ``now`` for next time (Prometheus counters only go up)."""
+    for field, metric in series.items():
+        delta = getattr(now, field) - getattr(last, field)
+        if delta > 0:
+            metric.inc(delta)
+    return type(now)(**{f: getattr(now, f) for f in type(now).__slots__})

@@ -222,12 +222,7 @@ class ContinuumController:
         """Step: pins past their deadline, except those whose program has a turn waiting, which
         are held at most ``max_wait_hold_s`` longer. Also forgets idle programs."""
         now = self.clock()
-        hold_s = self.settings.max_wait_hold_s
-
-        def hold(pin: Pin) -> Optional[float]:
-            return pin.deadline + hold_s if hold_s > 0 and program_waiting(pin.program_id) else None
-
-        expired = self.pins.pop_expired(now, hold)
+        expired = self.pins.pop_expired(now, self._wait_hold(program_waiting))
         self.counters.expired += len(expired)
         for pin in expired:
             logger.debug("continuum: pin expired program=%s", pin.program_id)
@@ -238,6 +233,15 @@ class ContinuumController:
             expired.extend(self.drop_host(state.program_id))
             self._settle_reload(state.program_id, used=False)
         return expired
+
+    def _wait_hold(self, program_waiting: Callable[[str], bool]) -> Callable[[Pin], Optional[float]]:
+        """An expired pin whose program has a turn waiting is held ``max_wait_hold_s`` longer."""
+        hold_s = self.settings.max_wait_hold_s
+
+        def hold(pin: Pin) -> Optional[float]:
+            return pin.deadline + hold_s if hold_s > 0 and program_waiting(pin.program_id) else None
+
+        return hold
 
     # -- host tier -----------------------------------------------------------------------
     def offload(self, pin: Pin) -> FinishOutcome:
@@ -291,13 +295,7 @@ class ContinuumController:
 
     def expire_host(self, program_waiting: Callable[[str], bool]) -> list[Pin]:
         """Host pins past their deadline (held like device pins while a turn of theirs waits)."""
-        now = self.clock()
-        hold_s = self.settings.max_wait_hold_s
-
-        def hold(pin: Pin) -> Optional[float]:
-            return pin.deadline + hold_s if hold_s > 0 and program_waiting(pin.program_id) else None
-
-        expired = self.host_pins.pop_expired(now, hold)
+        expired = self.host_pins.pop_expired(self.clock(), self._wait_hold(program_waiting))
         self.host_counters.host_expired += len(expired)
         return expired
 
