@@ -258,7 +258,11 @@ class ContinuumRadixCache(UnifiedRadixCache):
         if host is None:
             return
         node = pin.handle.node
-        lock = self.host_tier.host_lock(node) if self.host_tier.back_up(node, sync=sync) else None
+        try:
+            lock = self.host_tier.host_lock(node) if self.host_tier.back_up(node, sync=sync) else None
+        except Exception:  # never let the host tier take serving down: fall back to a plain release
+            logger.exception("continuum: offloading program=%s failed; releasing without a host copy", pin.program_id)
+            lock = None
         if lock is None:
             self.continuum.offload_failed(host)
             return

@@ -18,6 +18,9 @@ PIN_SERIES = {
     "host_loaded_tokens": "sglang:load_back_tokens_total",
     "offloads": "sglang:continuum_offloads_total",
     "host_hit_tokens": "sglang:continuum_host_hit_tokens_total",
+    "reloads_started": "sglang:continuum_predictive_reloads_started_total",
+    "reloads_used": "sglang:continuum_predictive_reloads_used_total",
+    "reloads_wasted": "sglang:continuum_predictive_reloads_wasted_total",
 }
 
 
