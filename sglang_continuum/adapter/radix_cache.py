@@ -83,7 +83,11 @@ class ContinuumRadixCache(UnifiedRadixCache):
             return
         bandwidth = self.settings.host_bandwidth_bytes_per_s
         if bandwidth is None and self.settings.prefill_profile:
-            bandwidth = PrefillProfile.load(self.settings.prefill_profile).host_bytes_per_s
+            # the cost model already loaded the profile; other TTL models did not
+            profile = getattr(self.continuum.ttl_model, "profile", None)
+            if profile is None:
+                profile = PrefillProfile.load(self.settings.prefill_profile)
+            bandwidth = profile.host_bytes_per_s
         reload = self.host_tier.reload_cost(bandwidth)
         budget = int(self.host_tier.capacity_tokens * self.settings.host_pin_budget_fraction)
         self.continuum.attach_host_tier(reload=reload, host_budget_tokens=budget, hold_cost=self.host_tier.hold_cost)
@@ -133,10 +137,8 @@ class ContinuumRadixCache(UnifiedRadixCache):
             self.unlock(handle)
         if outcome.ttl is not None and self.metrics is not None:
             self.metrics.observe_ttl(outcome.ttl)
-        # other programs' pins pushed out of the budget were shed: they may go to host
-        own = [p for p in outcome.release if p.program_id == meta.program_id or p.tier == "host"]
-        self._release(own)
-        self._release([p for p in outcome.release if p not in own], offload=True)
+        for pin in outcome.release:  # other programs' pins pushed out of the budget may go to host
+            self._release([pin], offload=pin.program_id != meta.program_id)
         return outcome.pin
 
     # -- called by the binding ----------------------------------------------------------
@@ -148,13 +150,12 @@ class ContinuumRadixCache(UnifiedRadixCache):
         tag = get_tag(req)
         if tag is not None:
             self._release([self.continuum.turn_admitted(tag)])
+            prefix = int(getattr(req, "prefix_len", 0) or 0)
             if self.host_tier is not None:
                 loaded = int(getattr(req, "host_loaded_length", 0) or 0)
-                prefix = int(getattr(req, "prefix_len", 0) or 0)
                 self._release(self.continuum.host_returned(tag, loaded, prefix))
             if tag.returning_miss:  # T is observed once its first batch has run (next step)
-                uncached = len(req.origin_input_ids) - (getattr(req, "prefix_len", 0) or 0)
-                self._started.append((tag, max(0, uncached)))
+                self._started.append((tag, max(0, len(req.origin_input_ids) - prefix)))
 
     def step(self, now: float, program_waiting: Callable[[str], bool]) -> None:
         """Once per scheduler iteration: advance the clock, expire pins, publish metrics."""
@@ -266,8 +267,7 @@ class ContinuumRadixCache(UnifiedRadixCache):
         if lock is None:
             self.continuum.offload_failed(host)
             return
-        host.handle = lock
-        self.continuum.host_counters.offloaded += 1
+        self.continuum.offloaded(host, lock)
         logger.debug("continuum: offloaded program=%s tokens=%d host_ttl=%.3fs", pin.program_id, pin.tokens, outcome.ttl)
 
     def _start_predictive_reloads(self) -> None:

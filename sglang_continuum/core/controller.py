@@ -256,6 +256,7 @@ class ContinuumController:
         if state is None or state.last_finish is None:
             return out  # the program is gone
         now = self.clock()
+        elapsed = now - state.last_finish
         if state.pending_tool is None:
             # its next turn already arrived and waits (shed under pressure): keep the host copy
             # until that turn is admitted, which releases it
@@ -263,7 +264,7 @@ class ContinuumController:
         else:
             host_ttl = getattr(self.ttl_model, "host_ttl", None)
             query = TTLQuery(state.pending_tool, pin.tokens)
-            ttl = host_ttl(query, now - state.last_finish) if host_ttl is not None else self.settings.host_ttl_s
+            ttl = host_ttl(query, elapsed) if host_ttl is not None else self.settings.host_ttl_s
         ttl = min(float(ttl), self.settings.max_host_ttl_s)
         out.ttl = ttl
         if ttl <= 0:
@@ -275,10 +276,15 @@ class ContinuumController:
         else:
             out.pin = host
             if state.pending_tool is not None:
-                self._schedule_reload(host, state.pending_tool, now - state.last_finish)
+                self._schedule_reload(host, state.pending_tool, elapsed)
         self.host_counters.host_released += len(released)
         out.release = released
         return out
+
+    def offloaded(self, host: Pin, handle: object) -> None:
+        """The host copy for ``host`` (made by ``offload``) is protected by ``handle``."""
+        host.handle = handle
+        self.host_counters.offloaded += 1
 
     def offload_failed(self, host: Pin) -> None:
         """No host copy could be protected for ``host`` (made by ``offload``): forget it."""
@@ -331,9 +337,7 @@ class ContinuumController:
     def _schedule_reload(self, host: Pin, tool: str, elapsed: float) -> None:
         if not self.settings.predictive_reload:
             return
-        window = self.stats.tool(tool)
-        if window is None or len(window) <= self.settings.cold_start_k:
-            window = self.stats.global_samples
+        window, _ = self.stats.window_for(tool, min_samples=self.settings.cold_start_k + 1)
         if len(window) == 0:
             return
         until = predicted_return(window.sorted, elapsed, self.settings.predictive_reload_quantile)

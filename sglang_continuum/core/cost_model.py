@@ -196,13 +196,9 @@ class CostModelTTL(_Signals):
 
     def window_for(self, tool: str) -> tuple[Optional[SampleWindow], str]:
         """The CDF a decision for ``tool`` reads: (None, "cold") below K global samples."""
-        glob = self.stats.global_samples
-        if len(glob) <= self.k:
+        if len(self.stats.global_samples) <= self.k:
             return None, "cold"
-        window = self.stats.tool(tool)
-        if window is None or len(window) <= self.k:
-            return glob, "global"
-        return window, "tool"
+        return self.stats.window_for(tool, min_samples=self.k + 1)
 
     def decide(self, query: TTLQuery) -> Decision:
         benefit = self.benefit_s(query.context_tokens)
@@ -259,9 +255,7 @@ class BernsteinTTL(_Signals):
         return window.mean + math.sqrt(2.0 * window.variance * log_term / n) + 3.0 * b * log_term / n
 
     def ttl(self, query: TTLQuery) -> float:
-        window = self.stats.tool(query.tool)
-        if window is None or len(window) < self.min_samples:
-            window = self.stats.global_samples
+        window, _ = self.stats.window_for(query.tool, min_samples=self.min_samples)
         if len(window) < self.min_samples:
             return self.t_default
         bound = self.bound(window)

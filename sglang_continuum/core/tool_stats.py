@@ -104,6 +104,14 @@ class ToolStats:
     def tool(self, tool: Optional[str]) -> Optional[SampleWindow]:
         return self._tools.get(tool or UNKNOWN_TOOL)
 
+    def window_for(self, tool: Optional[str], *, min_samples: int) -> tuple[SampleWindow, str]:
+        """The tool's own window once it holds ``min_samples``, else the global one (with its name:
+        "tool" or "global")."""
+        w = self.tool(tool)
+        if w is not None and len(w) >= min_samples:
+            return w, "tool"
+        return self.global_samples, "global"
+
     def tools(self) -> dict[str, SampleWindow]:
         return dict(self._tools)
 
