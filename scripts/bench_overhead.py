@@ -127,14 +127,14 @@ def bench_ttl_decision(sizes=(100, 10_000, 100_000)) -> list[dict]:
         stats = ToolStats(window=n, global_window=n)
         for x in rng.lognormal(0.0, 1.5, size=n):
             stats.record("bash", float(x))
-        model = CostModelTTL(stats, s, PrefillProfile((0.05, 2e-4, 1e-9)))
+        model = CostModelTTL(s, stats, PrefillProfile((0.05, 2e-4, 1e-9)))
         q = TTLQuery("bash", 20_000)
         model.ttl(q)
         r = timeit(lambda: model.ttl(q), 2000)
         # the host-copy TTL an offload decides (HiCache): conditioned CDF, Llama-8B-sized KV (128 KiB/token) at 25 GB/s
         from sglang_continuum.core.offload import ReloadCost
 
-        hosted = CostModelTTL(stats, s, PrefillProfile((0.05, 2e-4, 1e-9)))
+        hosted = CostModelTTL(s, stats, PrefillProfile((0.05, 2e-4, 1e-9)))
         hosted.use_host_tier(ReloadCost(131072, 2.5e10), hold_cost=0.25)
         host = timeit(lambda: hosted.host_ttl(q, 1.0), 2000)
         t0 = time.perf_counter()

@@ -1,15 +1,23 @@
 """Per-scheduler glue between SGLang's ``Scheduler`` and the Continuum cache and policy.
 
 Installed once, when a scheduler built with ``--schedule-policy continuum`` initialises its
-schedule policy. It wraps two methods *of that scheduler instance* (other policies and other
+schedule policy. It wraps methods *of that scheduler instance* (other policies and other
 processes are untouched):
 
-* ``_add_request_to_queue``: tags each arriving turn (records tool return times);
-* ``get_next_batch_to_run``: first a Continuum step (clock, expiry, offload, predictive reload),
-  then SGLang's own batch selection, then pin consumption for the turns that batch admitted, then
-  stall shedding: if nothing runs, nothing was admitted, and the head of the queue cannot fit in
-  free + evictable memory, pins are shed (latest program arrival first) until it fits. A pin
-  therefore never wedges admission.
+* ``_add_request_to_queue``: tags each arriving turn (records tool return times) and marks the
+  queue order stale.
+* ``get_next_batch_to_run``: first a Continuum step (clock, expiry, offload, predictive reload;
+  memory given back re-opens admission), then SGLang's own batch selection, then pin
+  consumption for the turns that batch admitted.
+* ``get_prefill_adder_class``: SGLang's ``PrefillAdder`` with two additions -- program-level
+  admission control (a new program's first turn is skipped while the working sets of programs
+  in flight fill the pool, unless the engine would idle) and a record of the first turn the
+  budget refused (``NO_TOKEN``).
+* ``get_new_batch_prefill``: when SGLang's own admission refused a turn for memory, pins of
+  programs ranked after it are shed (latest first) and admission is retried in the same step;
+  any pin may be shed when the engine would otherwise idle or the turn is overdue. A pin
+  therefore never keeps a higher-ranked turn out, and never wedges admission.
+* ``on_idle``: with ``check_integrity`` set, every invariant is checked while idle.
 
 Tensor parallelism: every rank runs this same loop over the same requests, so decisions agree as
 long as the clock does. With tp_size > 1 the step time is the minimum of the ranks' clocks
@@ -19,9 +27,11 @@ long as the clock does. With tp_size > 1 the step time is the minimum of the ran
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 from typing import TYPE_CHECKING, Callable, Optional
 
-from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS
+from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS, AddReqResult, PrefillAdder
 
 from sglang_continuum.adapter.radix_cache import ContinuumRadixCache
 from sglang_continuum.adapter.request import get_tag
@@ -32,6 +42,8 @@ if TYPE_CHECKING:
     from sglang.srt.managers.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
+
+MAX_ADMISSION_RETRIES = 4  # re-runs of SGLang's prefill selection per step after shedding
 
 
 def _consensus_now(scheduler: "Scheduler", cache: ContinuumRadixCache) -> Callable[[], float]:
@@ -54,20 +66,47 @@ def _consensus_now(scheduler: "Scheduler", cache: ContinuumRadixCache) -> Callab
     return agreed
 
 
-def head_fits(scheduler: "Scheduler", cache: ContinuumRadixCache) -> bool:
-    """Whether the head of the waiting queue fits in free + evictable KV (a conservative copy of
-    the admission estimate: uncached input plus clipped output, plus a page)."""
-    if not scheduler.waiting_queue:
-        return True
-    req = scheduler.waiting_queue[0]
-    prefix = getattr(req, "prefix_len", 0) or 0
-    need = (
-        len(req.origin_input_ids) + len(req.output_ids) - prefix
-        + min(req.sampling_params.max_new_tokens or 0, CLIP_MAX_NEW_TOKENS)
-        + scheduler.page_size
-    )
-    have = cache.token_to_kv_pool_allocator.available_size() + cache.evictable_size()
-    return need <= have
+class Admission:
+    """What one prefill selection learned: the first turn SGLang's budget refused, and by how
+    many tokens (the adder's own arithmetic)."""
+
+    def __init__(self, scheduler: "Scheduler", cache: ContinuumRadixCache) -> None:
+        self.scheduler = scheduler
+        self.cache = cache
+        self.blocked = None
+        self.shortfall = 0
+
+    def reset(self) -> None:
+        self.blocked, self.shortfall = None, 0
+
+    def adder_class(self, base: type[PrefillAdder]) -> type[PrefillAdder]:
+        admission = self
+
+        class ContinuumPrefillAdder(base):
+            def add_one_req(self, req, has_chunked_req, truncation_align_size):
+                if admission.hold_back(self, req):
+                    return AddReqResult.CONTINUE  # skipped; later turns may still be admitted
+                result = super().add_one_req(req, has_chunked_req, truncation_align_size)
+                if result is AddReqResult.NO_TOKEN and admission.blocked is None:
+                    need = (len(req.full_untruncated_fill_ids) - req.prefix_len + self.per_req_token_overhead
+                            + min(max(req.sampling_params.max_new_tokens - len(req.output_ids), 0), CLIP_MAX_NEW_TOKENS))
+                    admission.blocked = req
+                    admission.shortfall = max(1, int(need - self.memory_budget.remaining_total))
+                return result
+
+        ContinuumPrefillAdder.__name__ = f"Continuum{base.__name__}"
+        return ContinuumPrefillAdder
+
+    def hold_back(self, adder: PrefillAdder, req) -> bool:
+        """Admission control for ``req``; never when holding it back would idle the engine."""
+        tag = get_tag(req)
+        if tag is None or not tag.meta.has_program:
+            return False
+        if adder.running_batch.is_empty() and not adder.can_run_list and self.scheduler.chunked_req is None:
+            return False
+        cache = self.cache
+        return cache.controller.holds_back(tag, len(req.origin_input_ids), cache.token_to_kv_pool_allocator.size,
+                                           cache.step_clock())
 
 
 def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
@@ -85,10 +124,12 @@ def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
         scheduler.enable_priority_scheduling,
         scheduler.schedule_low_priority_values_first,
     )
+    controller = cache.controller
     now = _consensus_now(scheduler, cache)
     cache.identify_tool = make_identifier(
         getattr(scheduler, "tokenizer", None), getattr(scheduler.server_args, "tool_call_parser", None)
     )
+    admission = Admission(scheduler, cache)
     waiting_programs: Optional[set] = None
 
     def program_waiting(pid: str) -> bool:
@@ -103,16 +144,46 @@ def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
 
     add_request = scheduler._add_request_to_queue
     next_batch = scheduler.get_next_batch_to_run
+    new_prefill = scheduler.get_new_batch_prefill
+    adder_class = scheduler.get_prefill_adder_class
+    on_idle = scheduler.on_idle
 
     def _add_request_to_queue(req, is_retracted: bool = False):
         add_request(req, is_retracted=is_retracted)
         if not is_retracted and get_tag(req) is None:
             cache.tag_request(req)
+        policy.mark_stale()
+
+    def get_prefill_adder_class():
+        return admission.adder_class(adder_class())
+
+    def get_new_batch_prefill(running_batch):
+        admission.reset()
+        plan = new_prefill(running_batch)
+        for _ in range(MAX_ADMISSION_RETRIES):
+            blocked = admission.blocked
+            if blocked is None or not len(controller.pins):
+                break
+            tag = get_tag(blocked)
+            idle = plan.batch_to_run is None and plan.running_batch.is_empty()
+            overdue = tag is not None and controller.is_overdue(tag, cache.step_clock())
+            if not cache.shed_for(tag, tokens=admission.shortfall, any_rank=idle or overdue):
+                break
+            plan.running_batch.batch_is_full = False  # memory came back: admission is open again
+            if plan.batch_to_run is not None:
+                break  # others were admitted this step; the blocked turn gets the memory next step
+            admission.reset()
+            plan = new_prefill(plan.running_batch)
+        return plan
 
     def get_next_batch_to_run(running_batch, last_batch):
         nonlocal waiting_programs
         waiting_programs = None
-        cache.step(now(), program_waiting)
+        if cache.step(now(), program_waiting):
+            # memory given back outside a request's exit: SGLang clears batch_is_full only
+            # when a running request leaves, so re-open admission here
+            running_batch.batch_is_full = False
+            policy.mark_stale()
         plan = next_batch(running_batch=running_batch, last_batch=last_batch)
         batch = plan.batch_to_run
         if batch is not None and not batch.forward_mode.is_decode():
@@ -122,25 +193,38 @@ def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
                 # a predictive reload still in flight: this batch may read its KV, so its forward
                 # waits on that load's layer events like on a load of its own
                 batch.hicache_consumer_index = cache.host_tier.reload_pending_index()
-        if (
-            plan.batch_to_run is None
-            and scheduler.waiting_queue
-            and (plan.running_batch is None or plan.running_batch.is_empty())
-            and scheduler.chunked_req is None
-            and len(cache.continuum.pins)
-        ):
-            head = get_tag(scheduler.waiting_queue[0])
-            keep = head.meta.program_id if head is not None else None
-            shed = cache.shed_until(lambda: head_fits(scheduler, cache), keep_program=keep)
-            if shed:
-                logger.info("continuum: admission stalled; shed %d pin(s)", shed)
+        cache.publish_metrics(scheduler.waiting_queue)
         return plan
+
+    def _on_idle():
+        if cache.settings.check_integrity and scheduler.is_fully_idle():
+            cache.check_integrity()
+        return on_idle()
 
     scheduler._add_request_to_queue = _add_request_to_queue
     scheduler.get_next_batch_to_run = get_next_batch_to_run
+    scheduler.get_new_batch_prefill = get_new_batch_prefill
+    scheduler.get_prefill_adder_class = get_prefill_adder_class
+    scheduler.on_idle = _on_idle
+    _save_stats_on_sigterm(cache)
     logger.info(
-        "continuum: active (ttl_model=%s, pin budget=%d tokens)",
-        cache.settings.ttl_model,
-        cache.continuum.pins.budget_tokens,
+        "continuum: active (ttl_model=%s, pin budget=%d tokens, max queue wait %.0fs, admission control %s)",
+        cache.settings.ttl_model, controller.pins.budget_tokens, cache.settings.max_queue_wait_s,
+        "on" if cache.settings.admission_control else "off",
     )
     return policy
+
+
+def _save_stats_on_sigterm(cache: ContinuumRadixCache) -> None:
+    """Save statistics when the scheduler process is told to stop (a process-group SIGTERM, and
+    the launcher's shutdown, see ``plugin.py``), then stop as SIGTERM would have."""
+    if cache.saver is None or threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum, frame):
+        cache.save_stats_now()
+        signal.signal(signal.SIGTERM, previous if callable(previous) else signal.SIG_DFL)
+        signal.raise_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_sigterm)

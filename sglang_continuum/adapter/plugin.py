@@ -8,8 +8,11 @@ policy when they run, so any other policy leaves SGLang exactly as it was:
 * ``Scheduler.init_schedule_policy`` (AROUND): installs ``ContinuumSchedulePolicy`` and the
   per-scheduler binding.
 * ``ServerArgs.resolve_once`` (AFTER): refuses to start if ``continuum`` was requested but the
-  hooks above are not active. SGLang only logs plugin exceptions, so a half-loaded plugin would
-  otherwise surface as an obscure error later, or not at all.
+  hooks above are not active or the settings are invalid (e.g. a ``stats_path`` that cannot be
+  written). SGLang only logs plugin exceptions, so a half-loaded plugin would otherwise surface
+  as an obscure error later, or not at all. With a ``stats_path`` it also makes the launcher's
+  shutdown stop the scheduler processes with SIGTERM (they save their statistics on it) before
+  SGLang's ``kill_process_tree`` SIGKILLs them.
 
 The ``continuum`` choice is added last, only once everything else registered.
 """
@@ -17,7 +20,9 @@ The ``continuum`` choice is added last, only once everything else registered.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import pkgutil
+import sys
 import typing
 
 from sglang_continuum import POLICY_NAME
@@ -65,16 +70,56 @@ def _around_init_schedule_policy(original, scheduler, *args, **kwargs):
 
 def _after_resolve(result, server_args, *args, **kwargs):
     if _policy_of(server_args) == POLICY_NAME:
-        check_active()
+        settings = check_active()
+        if settings.stats_path and multiprocessing.parent_process() is None:
+            _stop_schedulers_gracefully_at_shutdown()
     return result
+
+
+# Modules that call SGLang's kill_process_tree at shutdown (each holds its own reference).
+_KILLERS = ("sglang.srt.utils", "sglang.srt.utils.common", "sglang.srt.entrypoints.http_server",
+            "sglang.srt.entrypoints.engine", "__main__")
+GRACE_S = 5.0
+
+
+def _stop_schedulers_gracefully_at_shutdown() -> None:
+    """SGLang's launcher SIGKILLs its children at shutdown, so no scheduler could save its tool
+    statistics. Wrap ``kill_process_tree`` (in the launcher process only) to SIGTERM the
+    children first and give them ``GRACE_S`` to save and exit."""
+    from sglang.srt.utils.common import kill_process_tree as original
+
+    if getattr(original, "_continuum_graceful", False):
+        return
+
+    def kill_process_tree(parent_pid=None, *args, **kwargs):
+        import os
+        import signal
+
+        import psutil
+
+        try:
+            children = psutil.Process(parent_pid or os.getpid()).children(recursive=True)
+            for child in children:
+                child.send_signal(signal.SIGTERM)
+            psutil.wait_procs(children, timeout=GRACE_S)
+        except Exception:  # shutdown must go on whatever happens here
+            logger.exception("continuum: graceful scheduler stop failed")
+        return original(parent_pid, *args, **kwargs)
+
+    kill_process_tree._continuum_graceful = True
+    for name in _KILLERS:
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "kill_process_tree", None) is original:
+            module.kill_process_tree = kill_process_tree
 
 
 def _resolve(target: str):
     return pkgutil.resolve_name(target)
 
 
-def check_active() -> None:
-    """Raise ``ContinuumPluginError`` unless every Continuum hook is applied in this process."""
+def check_active():
+    """Raise ``ContinuumPluginError`` unless every Continuum hook is applied in this process;
+    return the validated settings."""
     missing = [t for t, orig in _originals.items() if _resolve(t) is orig]
     if not _originals or missing:
         raise ContinuumPluginError(
@@ -86,7 +131,7 @@ def check_active() -> None:
     # A bad environment or config file fails here, in the launcher, not later in a scheduler.
     from sglang_continuum.core.settings import ContinuumSettings
 
-    ContinuumSettings.load()
+    return ContinuumSettings.load()
 
 
 def schedule_policy_choices() -> list:

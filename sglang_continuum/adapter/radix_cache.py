@@ -7,6 +7,8 @@ and giving it back is an ``unlock``. The pin is taken in ``on_release`` right af
 request's own lock is dropped, in the same call, so the prefix is never unprotected in between;
 it is consumed once the program's next turn is admitted, holding its own lock on the prefix.
 
+This class executes what the controller decides; it never edits the controller's tables.
+
 With HiCache (``--enable-hierarchical-cache``) a pin that expires or is shed before its program
 returns is offloaded: its path is backed up to host if it is not already, its host copy is
 host-locked for a host TTL (a host pin), and only then is the device lock dropped. The returning
@@ -21,23 +23,24 @@ from typing import Callable, Iterable, Optional
 from sglang.srt.managers.schedule_batch import FINISH_ABORT, Req
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-from sglang.srt.server_args import ServerArgs
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+from sglang.srt.server_args import ServerArgs
 
 from sglang_continuum.adapter.host_tier import HostTier
 from sglang_continuum.adapter.metrics import ContinuumMetrics
 from sglang_continuum.adapter.request import context_tokens, get_tag, read_program_meta, set_tag
-from sglang_continuum.core.clock import Clock, StepClock, monotonic_clock
+from sglang_continuum.core.clock import Clock, StepClock, default_clock
+from sglang_continuum.core.controller import ContinuumController, StepPlan, TurnTag
 from sglang_continuum.core.cost_model import PrefillProfile
-from sglang_continuum.core.controller import ContinuumController, TurnTag
-from sglang_continuum.core.metadata import MalformedReporter
-from sglang_continuum.core.pins import Pin
-from sglang_continuum.core.persistence import load_stats, save_stats
+from sglang_continuum.core.metadata import MalformedReporter, ProgramMeta
+from sglang_continuum.core.persistence import StatsSaver, load_stats
+from sglang_continuum.core.pins import Pin, Tier
 from sglang_continuum.core.settings import ContinuumSettings
 
 logger = logging.getLogger(__name__)
 
 ADMITTED_ATTR = "_continuum_admitted"
+METRICS_INTERVAL_S = 0.5  # gauges are published at most this often (the scrape interval is seconds)
 
 # Identifies the tool a finished turn called: (req) -> tool name or None. Set by the binding.
 ToolIdentifier = Callable[[Req], Optional[str]]
@@ -49,32 +52,33 @@ class ContinuumRadixCache(UnifiedRadixCache):
         params: CacheInitParams,
         *,
         settings: Optional[ContinuumSettings] = None,
-        clock: Clock = monotonic_clock,
+        clock: Optional[Clock] = None,
     ) -> None:
-        self.continuum: Optional[ContinuumController] = None  # reset() runs inside super().__init__
+        self.controller: Optional[ContinuumController] = None  # reset() runs inside super().__init__
         self.host_tier: Optional[HostTier] = None  # set by init_hicache
         self._may_shed = True  # False while a predictive reload allocates: it must not cost a pin
         super().__init__(params)
         self.settings = settings or ContinuumSettings.load()
-        self.step_clock = StepClock(clock)
+        # SGLang builds this class as cache_class(params): the clock comes from the seam
+        # (core.clock.use_clock) so tests and the emulator can run the real scheduler on theirs.
+        self.step_clock = StepClock(clock or default_clock())
         budget = int(self.token_to_kv_pool_allocator.size * self.settings.pin_budget_fraction)
-        self.continuum = ContinuumController(self.settings, clock=self.step_clock, budget_tokens=budget)
+        self.controller = ContinuumController(self.settings, clock=self.step_clock, budget_tokens=budget)
         self.report_malformed = MalformedReporter()
         tp_rank = 0
         if params.tp_cache_group is not None:
             import torch.distributed as dist
 
             tp_rank = dist.get_rank(group=params.tp_cache_group)
-        self.metrics: Optional[ContinuumMetrics] = None
-        self._tp_rank = tp_rank
-        if params.enable_metrics:
-            self.metrics = ContinuumMetrics(tp_rank=tp_rank)
+        self.metrics: Optional[ContinuumMetrics] = ContinuumMetrics(tp_rank=tp_rank) if params.enable_metrics else None
+        self._next_metrics = 0.0
         self.identify_tool: ToolIdentifier = lambda req: None
-        self._started: list = []  # (tag, uncached tokens) of returning misses admitted last step
-        self._is_stats_writer = tp_rank == 0 and params.pp_rank == 0
-        self._next_stats_save = self.step_clock() + self.settings.stats_save_interval_s
+        self.saver: Optional[StatsSaver] = None
         if self.settings.stats_path:
-            load_stats(self.continuum, self.settings.stats_path)
+            load_stats(self.controller, self.settings.stats_path)
+            if tp_rank == 0 and params.pp_rank == 0:  # one writer per server
+                self.saver = StatsSaver(self.settings.stats_path)
+        self._next_stats_save = self.step_clock() + self.settings.stats_save_interval_s
 
     def init_hicache(self, server_args: ServerArgs, params: CacheInitParams) -> None:
         super().init_hicache(server_args, params)
@@ -84,13 +88,13 @@ class ContinuumRadixCache(UnifiedRadixCache):
         bandwidth = self.settings.host_bandwidth_bytes_per_s
         if bandwidth is None and self.settings.prefill_profile:
             # the cost model already loaded the profile; other TTL models did not
-            profile = getattr(self.continuum.ttl_model, "profile", None)
+            profile = getattr(self.controller.ttl_model, "profile", None)
             if profile is None:
                 profile = PrefillProfile.load(self.settings.prefill_profile)
             bandwidth = profile.host_bytes_per_s
         reload = self.host_tier.reload_cost(bandwidth)
         budget = int(self.host_tier.capacity_tokens * self.settings.host_pin_budget_fraction)
-        self.continuum.attach_host_tier(reload=reload, host_budget_tokens=budget, hold_cost=self.host_tier.hold_cost)
+        self.controller.attach_host_tier(reload=reload, host_budget_tokens=budget, hold_cost=self.host_tier.hold_cost)
         if self.metrics is not None:
             self.metrics.add_host_series()
         logger.info(
@@ -106,33 +110,28 @@ class ContinuumRadixCache(UnifiedRadixCache):
         """A turn arrived (entered the waiting queue for the first time)."""
         tag = get_tag(req)
         if tag is None:
-            tag = self.continuum.turn_arrived(read_program_meta(req, self.report_malformed))
+            tag = self.controller.turn_arrived(read_program_meta(req, self.report_malformed))
             set_tag(req, tag)
         return tag
 
     def on_release(self, req: Req, *, checkpointed: bool) -> None:
         super().on_release(req, checkpointed=checkpointed)
         tag = get_tag(req)
-        if self.continuum is None or tag is None or not tag.meta.has_program:
+        if self.controller is None or tag is None or not tag.meta.has_program:
             return
-        pid = tag.meta.program_id
-        aborted = isinstance(req.finished_reason, FINISH_ABORT)
-        if checkpointed and req.finished() and not aborted:
+        if checkpointed and req.finished() and not isinstance(req.finished_reason, FINISH_ABORT):
             # decoding the output to find the tool is skipped when the client named it or no pin follows
             parse = not (tag.meta.tool_name or tag.meta.is_last_step)
             self.finish_turn(tag.meta, req.last_node, context_tokens(req), self.identify_tool(req) if parse else None)
         elif req.finished():  # aborted
-            self._release(self.continuum.turn_aborted(tag.meta))
+            self._release(self.controller.turn_aborted(tag.meta))
         else:  # retracted: it will queue again; its pin (if any) must not hold memory meanwhile
-            pin = self.continuum.pins.pop(pid)
-            if pin is not None:
-                self.continuum.counters.released += 1
-                self._release([pin])
+            self._release(self.controller.turn_retracted(tag.meta))
 
-    def finish_turn(self, meta, node, tokens: int, tool: Optional[str]) -> Optional[Pin]:
+    def finish_turn(self, meta: ProgramMeta, node, tokens: int, tool: Optional[str]) -> Optional[Pin]:
         """A turn's context is in the tree at ``node`` (``tokens`` long): pin it or not."""
         handle = None if meta.is_last_step else self.lock(node)
-        outcome = self.continuum.turn_finished(meta, context_tokens=tokens, tool=tool, handle=handle)
+        outcome = self.controller.turn_finished(meta, context_tokens=tokens, tool=tool, handle=handle)
         if outcome.pin is None and handle is not None:
             self.unlock(handle)
         if outcome.ttl is not None and self.metrics is not None:
@@ -148,60 +147,81 @@ class ContinuumRadixCache(UnifiedRadixCache):
             return
         setattr(req, ADMITTED_ATTR, True)
         tag = get_tag(req)
-        if tag is not None:
-            self._release([self.continuum.turn_admitted(tag)])
-            prefix = int(getattr(req, "prefix_len", 0) or 0)
-            if self.host_tier is not None:
-                loaded = int(getattr(req, "host_loaded_length", 0) or 0)
-                self._release(self.continuum.host_returned(tag, loaded, prefix))
-            if tag.returning_miss:  # T is observed once its first batch has run (next step)
-                self._started.append((tag, max(0, len(req.origin_input_ids) - prefix)))
-
-    def step(self, now: float, program_waiting: Callable[[str], bool]) -> None:
-        """Once per scheduler iteration: advance the clock, expire pins, publish metrics."""
-        self.step_clock.set(now)
-        if self._started:
-            for tag, uncached in self._started:
-                self.continuum.turn_started(tag, uncached)
-            self._started.clear()
-        self._release(self.continuum.expire(program_waiting), offload=True)
+        if tag is None:
+            return
+        self._release([self.controller.turn_admitted(tag, len(req.origin_input_ids))])
         if self.host_tier is not None:
-            self._release(self.continuum.expire_host(program_waiting))
-            self._start_predictive_reloads()
-        if self.metrics is not None:
-            self.metrics.update(self.continuum)
-        if self.settings.stats_path and now >= self._next_stats_save:
+            loaded = int(getattr(req, "host_loaded_length", 0) or 0)
+            prefix = int(getattr(req, "prefix_len", 0) or 0)
+            self._release(self.controller.host_returned(tag, loaded, prefix))
+
+    def step(self, now: float, program_waiting: Callable[[str], bool]) -> bool:
+        """Once per scheduler iteration: advance the clock and execute the controller's step plan
+        (expiry, offload, predictive reload); hand statistics to the saver.
+        Returns whether device memory was given back."""
+        self.step_clock.set(now)
+        plan = self.controller.step(program_waiting)
+        freed = self._execute(plan)
+        if self.saver is not None and now >= self._next_stats_save:
             self._next_stats_save = now + self.settings.stats_save_interval_s
-            self.save_stats()
+            self.saver.submit(self.controller.snapshot())
+        return freed
 
-    def save_stats(self) -> None:
-        if self.settings.stats_path and self._is_stats_writer:
-            save_stats(self.continuum, self.settings.stats_path)
+    def publish_metrics(self, waiting_queue) -> None:
+        """Refresh the Prometheus series, at most every ``METRICS_INTERVAL_S``."""
+        now = self.step_clock()
+        if self.metrics is None or now < self._next_metrics:
+            return
+        self._next_metrics = now + METRICS_INTERVAL_S
+        arrivals = [tag.arrival for tag in map(get_tag, waiting_queue) if tag is not None]
+        oldest = now - min(arrivals) if arrivals else 0.0
+        held = sum(1 for tag in map(get_tag, waiting_queue) if tag is not None and tag.held_back
+                   and (state := self.controller.programs.get(tag.meta.program_id)) is not None
+                   and state.turns_admitted == 0)
+        self.metrics.update(self.controller, self.saver, held_back=held, oldest_wait_s=oldest)
 
-    def shed_until(self, fits: Callable[[], bool], keep_program: Optional[str] = None) -> int:
-        """Release pins, latest program arrival first, until ``fits()``; return how many."""
+    def shed_for(self, tag: Optional[TurnTag], *, tokens: int, any_rank: bool = False) -> int:
+        """Shed pins (latest program first) worth at least ``tokens`` for the blocked turn
+        ``tag``: only pins of programs ranked after it, unless ``any_rank`` (the engine would
+        otherwise idle, or the turn is overdue). Never the turn's own program's pin."""
+        keep = tag.meta.program_id if tag is not None else None
+        after = None if any_rank or tag is None else tag.program_rank
         shed = 0
-        kept: Optional[Pin] = None
-        while not fits():
-            pin = self.continuum.shed_one()
+        while shed < max(1, tokens):
+            pin = self.controller.shed(ranked_after=after, keep=keep)
             if pin is None:
                 break
-            if pin.program_id == keep_program:
-                self.continuum.counters.shed -= 1
-                kept = pin
-                continue
+            self.controller.admission.admission_sheds += 1
             self._release([pin], offload=True, sync=True)
-            shed += 1
-        if kept is not None:
-            self._release(self.continuum.pins.add(kept))
+            shed += pin.tokens
         return shed
+
+    def save_stats_now(self) -> None:
+        """Synchronous save (shutdown paths); never raises."""
+        if self.saver is not None:
+            self.saver.flush(timeout_s=2.0)
+            self.saver.save_now(self.controller.snapshot())
+
+    def check_integrity(self) -> None:
+        """The controller's invariants plus the engine facts behind them: every device pin's
+        node is still locked in the tree, every host pin's node is backed up on host."""
+        self.controller.check_integrity()
+        tree = self.tree_core
+        for pin in self.controller.pins:
+            node = tree.node_by_id(pin.handle.node)
+            assert node is not None, f"pinned node of {pin.program_id} is gone"
+            lock_ref = getattr(node, "full_lock_ref", getattr(node, "lock_ref", 1))
+            assert lock_ref > 0, f"pinned node of {pin.program_id} is not locked"
+        for pin in self.controller.host_pins:
+            assert pin.handle is None or tree.is_backuped(pin.handle.node), f"host pin of {pin.program_id} not on host"
+        assert self.protected_size() >= (max((p.tokens for p in self.controller.pins), default=0)), "pins unprotected"
 
     # -- SGLang hooks --------------------------------------------------------------------
     def evict_for_alloc(self, params: EvictParams, *, allocation_reclaim_satisfied=None) -> EvictResult:
         allocator = self.token_to_kv_pool_allocator
         target = allocator.available_size() + params.num_tokens
         result = super().evict_for_alloc(params, allocation_reclaim_satisfied=allocation_reclaim_satisfied)
-        if self.continuum is None or not len(self.continuum.pins) or not self._may_shed:
+        if self.controller is None or not len(self.controller.pins) or not self._may_shed:
             return result
 
         def satisfied() -> bool:
@@ -211,12 +231,13 @@ class ContinuumRadixCache(UnifiedRadixCache):
 
         # An allocation that cannot be served must never wait on a pin: shed, then evict again.
         while not satisfied():
-            pin = self.continuum.shed_one()
+            pin = self.controller.shed()
             if pin is None:
                 break
             self._release([pin], offload=True, sync=True)
             more = super().evict_for_alloc(
-                EvictParams(num_tokens=max(0, target - allocator.available_size()), swa_num_tokens=params.swa_num_tokens, mamba_num=params.mamba_num),
+                EvictParams(num_tokens=max(0, target - allocator.available_size()),
+                            swa_num_tokens=params.swa_num_tokens, mamba_num=params.mamba_num),
                 allocation_reclaim_satisfied=allocation_reclaim_satisfied,
             )
             result.num_tokens_evicted += more.num_tokens_evicted
@@ -225,18 +246,26 @@ class ContinuumRadixCache(UnifiedRadixCache):
         return result
 
     def shutdown(self) -> None:
-        self.save_stats()  # warm start for the next server
+        self.save_stats_now()  # warm start for the next server
         super().shutdown()
 
     def reset(self) -> None:
-        # flush_cache rebuilds the tree: pins point at nodes that no longer exist, so drop them
-        # without unlocking.
-        if self.continuum is not None:
-            self.continuum.pins.clear()
-            self.continuum.host_pins.clear()
+        # flush_cache rebuilds the tree: pins point at nodes that no longer exist, so the
+        # controller drops them without unlocking (and counts them as flushed).
+        if self.controller is not None:
+            self.controller.reset()
         super().reset()
 
     # -- internals -----------------------------------------------------------------------
+    def _execute(self, plan: StepPlan) -> bool:
+        freed = bool(plan.expired or plan.released)
+        self._release(plan.expired, offload=True)
+        self._release(plan.released)
+        self._release(plan.host_expired)
+        if plan.reloads:
+            self._start_predictive_reloads(plan.reloads)
+        return freed
+
     def _release(self, pins: Iterable[Optional[Pin]], *, offload: bool = False, sync: bool = False) -> None:
         """Give pins' locks back. ``offload``: the pins ended early (expiry, shedding), so with a
         host tier their prefix first gets a protected host copy (``sync`` when the device memory
@@ -244,7 +273,7 @@ class ContinuumRadixCache(UnifiedRadixCache):
         for pin in pins:
             if pin is None or pin.handle is None:
                 continue
-            if pin.tier == "host":
+            if pin.tier is Tier.HOST:
                 self.host_tier.host_unlock(pin.handle)
             else:
                 if offload and self.host_tier is not None:
@@ -253,7 +282,7 @@ class ContinuumRadixCache(UnifiedRadixCache):
             pin.handle = None
 
     def _offload(self, pin: Pin, *, sync: bool) -> None:
-        outcome = self.continuum.offload(pin)
+        outcome = self.controller.offload(pin)
         self._release(outcome.release)
         host = outcome.pin
         if host is None:
@@ -265,18 +294,18 @@ class ContinuumRadixCache(UnifiedRadixCache):
             logger.exception("continuum: offloading program=%s failed; releasing without a host copy", pin.program_id)
             lock = None
         if lock is None:
-            self.continuum.offload_failed(host)
+            self.controller.offload_failed(host)
             return
-        self.continuum.offloaded(host, lock)
+        self.controller.offloaded(host, lock)
         logger.debug("continuum: offloaded program=%s tokens=%d host_ttl=%.3fs", pin.program_id, pin.tokens, outcome.ttl)
 
-    def _start_predictive_reloads(self) -> None:
-        for pin in self.continuum.due_reloads():
+    def _start_predictive_reloads(self, due: list[Pin]) -> None:
+        for pin in due:
             self._may_shed = False
             try:
                 started = self.host_tier.reload(pin.handle.node, pin.tokens)
             finally:
                 self._may_shed = True
             if started:
-                self.continuum.reload_started(pin)
+                self.controller.reload_started(pin)
                 return  # one load in flight at a time

@@ -17,39 +17,20 @@ Router: send ``ROUTING_HEADER: program_id`` so every turn of a program lands on 
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from sglang_continuum.client.params import (
+    ROUTING_HEADER,
+    continuum_custom_params,
+    continuum_extra_body,
+    routing_headers,
+)
 
-from sglang_continuum.core.metadata import LAST_STEP_KEY, PROGRAM_ID_KEY, TOOL_NAME_KEY
-
-# SGLang's router (sgl-model-gateway) hashes this header for consistent, program-affine routing.
-ROUTING_HEADER = "x-smg-routing-key"
-
-
-def continuum_custom_params(program_id: str | int, *, last_step: bool = False, tool_name: Optional[str] = None) -> dict:
-    params: dict[str, Any] = {PROGRAM_ID_KEY: str(program_id), LAST_STEP_KEY: bool(last_step)}
-    if tool_name:
-        params[TOOL_NAME_KEY] = tool_name
-    return params
-
-
-def continuum_extra_body(
-    program_id: str | int, *, last_step: bool = False, tool_name: Optional[str] = None, **extra: Any
-) -> dict:
-    """``extra_body`` for the OpenAI client; ``extra`` adds other SGLang fields (e.g. ignore_eos)."""
-    body = dict(extra)
-    custom = dict(body.pop("custom_params", None) or {})
-    custom.update(continuum_custom_params(program_id, last_step=last_step, tool_name=tool_name))
-    body["custom_params"] = custom
-    return body
-
-
-def routing_headers(program_id: str | int) -> dict[str, str]:
-    return {ROUTING_HEADER: str(program_id)}
+__all__ = ["ROUTING_HEADER", "continuum_custom_params", "continuum_extra_body", "routing_headers",
+           "ContinuumRuntimeEndpoint"]
 
 
 def __getattr__(name: str):
     if name == "ContinuumRuntimeEndpoint":  # imports sglang.lang only when asked for
-        from sglang_continuum.adapter.frontend import ContinuumRuntimeEndpoint
+        from sglang_continuum.client.frontend import ContinuumRuntimeEndpoint
 
         return ContinuumRuntimeEndpoint
     raise AttributeError(name)

@@ -6,14 +6,34 @@ Policy objects take a ``Clock`` (a zero-argument callable returning seconds) ins
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 Clock = Callable[[], float]
 
 
 def monotonic_clock() -> float:
     return time.monotonic()
+
+
+_default: list[Clock] = [monotonic_clock]
+
+
+def default_clock() -> Clock:
+    """The clock engine-built objects use when none is passed (SGLang builds the cache itself)."""
+    return _default[-1]
+
+
+@contextlib.contextmanager
+def use_clock(clock: Clock) -> Iterator[Clock]:
+    """Objects built inside this block read ``clock`` (tests and the emulator drive a real
+    SGLang scheduler on a manual or virtual clock this way)."""
+    _default.append(clock)
+    try:
+        yield clock
+    finally:
+        _default.pop()
 
 
 class ManualClock:

@@ -1,7 +1,10 @@
 """The Continuum controller: the engine-agnostic state machine behind the scheduler adapter.
 
-It is driven by five events (turn arrived, turn admitted, turn finished, turn aborted, scheduler
-step) and answers with pins to create or release. Engine objects appear only as opaque handles.
+It owns every piece of policy state -- the program registry, tool statistics, the device and
+host pin tables, the TTL model, the counters -- and is the only code that mutates it. It is
+driven by events (turn arrived / admitted / finished / aborted / retracted, scheduler step,
+cache reset) and answers with pins to create or release; engine objects appear only as opaque
+handles that the adapter locks and unlocks.
 
 With a host tier (HiCache) a second pin table holds host pins: a device pin that expires or is
 shed before its program returns is offloaded (``offload``) and its host copy protected for a host
@@ -14,31 +17,33 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Callable, Optional
 
-from sglang_continuum.core import cost_model  # noqa: F401  (registers the "cost" and "bernstein" models)
 from sglang_continuum.core.clock import Clock
 from sglang_continuum.core.metadata import ProgramMeta
 from sglang_continuum.core.offload import ReloadCost, predicted_return
-from sglang_continuum.core.pins import Pin, PinTable
-from sglang_continuum.core.programs import ProgramRegistry
+from sglang_continuum.core.pins import Pin, PinTable, Tier
+from sglang_continuum.core.priority import OVERDUE, priority_key
+from sglang_continuum.core.programs import ProgramRegistry, ProgramState
 from sglang_continuum.core.settings import ContinuumSettings
 from sglang_continuum.core.tool_stats import UNKNOWN_TOOL, ToolStats
-from sglang_continuum.core.ttl import TTL_MODELS, TTLModel, TTLQuery
+from sglang_continuum.core.ttl import TTLModel, TTLQuery
+from sglang_continuum.core.ttl_registry import build_ttl_model
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TurnTag:
     """What the adapter stores on a request when it arrives."""
 
     meta: ProgramMeta
-    request_seq: int
-    program_seq: int  # == request_seq for requests without a program
+    request_rank: int  # arrival order of this request
+    program_rank: int  # arrival order of its program's first turn (== request_rank without a program)
     arrival: float = 0.0
     returning_miss: bool = False  # a later turn whose program held no pin when it arrived
+    held_back: bool = False  # admission control kept it waiting at least once
 
 
 @dataclass(slots=True)
@@ -46,9 +51,10 @@ class PinCounters:
     created: int = 0
     hits: int = 0  # the next turn was admitted while the pin held its prefix
     expired: int = 0
-    shed: int = 0  # released early to make room (budget or memory pressure)
-    refused: int = 0  # not created: over budget and latest arrival
-    released: int = 0  # last step, abort, retraction, replaced
+    shed: int = 0  # released early to make room (budget, admission, memory pressure)
+    refused: int = 0  # not created: the budget is held by earlier programs
+    released: int = 0  # last step, abort, retraction, replaced, program forgotten
+    flushed: int = 0  # dropped with the whole tree by a cache reset (/flush_cache)
 
 
 @dataclass(slots=True)
@@ -58,10 +64,16 @@ class HostCounters:
     host_hits: int = 0  # returning turns that loaded their prefix back from host
     host_hit_tokens: int = 0  # tokens loaded back instead of recomputed
     host_expired: int = 0
-    host_released: int = 0  # next turn admitted, last step, abort, budget
+    host_released: int = 0  # next turn admitted, last step, abort, budget, flush
     reloads_started: int = 0  # predictive reloads
     reloads_used: int = 0  # the returning turn found the reloaded prefix on the device
     reloads_wasted: int = 0  # evicted again before the turn came, or the program never came back
+
+
+@dataclass(slots=True)
+class AdmissionCounters:
+    held_back: int = 0  # new programs' first turns kept waiting by admission control
+    admission_sheds: int = 0  # pins shed so that a blocked, higher-ranked turn could be admitted
 
 
 @dataclass(slots=True)
@@ -69,6 +81,22 @@ class FinishOutcome:
     pin: Optional[Pin] = None
     release: list[Pin] = field(default_factory=list)
     ttl: Optional[float] = None
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """What one scheduler step must do, in order: release ``expired`` device pins (offloading
+    them when a host tier exists), release ``released`` pins and ``host_expired`` host pins, then
+    start ``reloads``."""
+
+    expired: list[Pin] = field(default_factory=list)
+    released: list[Pin] = field(default_factory=list)  # pins of programs forgotten this step
+    host_expired: list[Pin] = field(default_factory=list)
+    reloads: list[Pin] = field(default_factory=list)
+
+
+def counter_values(counters) -> dict[str, int]:
+    return {f.name: getattr(counters, f.name) for f in fields(counters)}
 
 
 class ContinuumController:
@@ -83,7 +111,9 @@ class ContinuumController:
         self.settings = settings
         self.clock = clock
         self.programs = ProgramRegistry(
-            max_programs=settings.max_programs, idle_timeout_s=settings.program_idle_timeout_s
+            max_programs=settings.max_programs,
+            idle_timeout_s=settings.program_idle_timeout_s,
+            working_set_window_s=settings.working_set_window_s,
         )
         self.stats = ToolStats(
             window=settings.tool_window, global_window=settings.global_window, max_tools=settings.max_tools
@@ -92,58 +122,48 @@ class ContinuumController:
         self.counters = PinCounters()
         self.host_pins = PinTable(0)  # empty budget until attach_host_tier
         self.host_counters = HostCounters()
+        self.admission = AdmissionCounters()
         self.reload_cost: Optional[ReloadCost] = None
         self._reload_heap: list[tuple[float, int, Pin]] = []  # (start time, seq, host pin)
         self._reloading: dict[str, int] = {}  # program -> tokens reloaded, until its turn is admitted
-        self.ttl_model: TTLModel = ttl_model or TTL_MODELS[settings.ttl_model](
-            settings=settings, stats=self.stats, clock=clock
-        )
-        self._seq = itertools.count(1)
+        self.ttl_model: TTLModel = ttl_model or build_ttl_model(settings, self.stats)
+        self._rank = itertools.count(1)
 
     def attach_host_tier(self, *, reload: ReloadCost, host_budget_tokens: int, hold_cost: float) -> None:
         """HiCache is on: misses reload instead of recomputing, and host pins may hold
         ``host_budget_tokens`` of the host pool."""
         self.reload_cost = reload
         self.host_pins = PinTable(host_budget_tokens)
-        use = getattr(self.ttl_model, "use_host_tier", None)
-        if use is not None:
-            use(reload, hold_cost)
+        self.ttl_model.use_host_tier(reload, hold_cost)
 
     # -- events --------------------------------------------------------------------------
     def turn_arrived(self, meta: ProgramMeta) -> TurnTag:
-        seq = next(self._seq)
+        rank = next(self._rank)
         now = self.clock()
         if not meta.has_program:
-            return TurnTag(meta, seq, seq, now)
-        state, ret = self.programs.turn_arrived(meta.program_id, now, seq)
+            return TurnTag(meta, rank, rank, now)
+        state, ret = self.programs.turn_arrived(meta.program_id, now, rank)
         if ret is not None:
             self.stats.record(ret.tool, ret.seconds)  # TTL models read tool times from self.stats
         miss = state.turns_arrived > 1 and meta.program_id not in self.pins
-        return TurnTag(meta, seq, state.arrival_seq, now, miss)
+        return TurnTag(meta, rank, state.arrival_rank, now, miss)
 
-    def turn_admitted(self, tag: TurnTag) -> Optional[Pin]:
+    def turn_admitted(self, tag: TurnTag, context_tokens: int) -> Optional[Pin]:
         """The turn was admitted and holds its own lock on its prefix: consume the program's pin
-        (a hit)."""
+        (a hit). A returning turn that had missed its prefix contributes its wait (arrival to
+        admission) to T."""
         if not tag.meta.has_program:
             return None
-        pin = self.pins.pop(tag.meta.program_id)
+        pid = tag.meta.program_id
+        now = self.clock()
+        self.programs.turn_admitted(pid, now, context_tokens)
+        if tag.returning_miss:
+            self.ttl_model.observe_queue_delay(now - tag.arrival)
+        pin = self.pins.pop(pid)
         if pin is not None:
             self.counters.hits += 1
-            logger.debug("continuum: pin hit program=%s tokens=%d", tag.meta.program_id, pin.tokens)
+            logger.debug("continuum: pin hit program=%s tokens=%d", pid, pin.tokens)
         return pin
-
-    def turn_started(self, tag: TurnTag, uncached_tokens: int) -> None:
-        """The turn's first forward batch has run. For a returning turn that missed its prefix,
-        the time since it arrived beyond its own recompute is the delay a hit would have saved
-        besides the recompute: waiting in the queue and behind co-scheduled work (T)."""
-        if not tag.returning_miss:
-            return
-        observe = getattr(self.ttl_model, "observe_queue_delay", None)
-        if observe is None:
-            return
-        profile = getattr(self.ttl_model, "profile", None)
-        recompute = profile.seconds(uncached_tokens) if profile is not None else 0.0
-        observe(max(0.0, self.clock() - tag.arrival - recompute))
 
     def turn_finished(
         self,
@@ -154,103 +174,151 @@ class ContinuumController:
         handle: object = None,
     ) -> FinishOutcome:
         """A turn finished and its KV is in the cache. ``handle`` is the engine lock the pin
-        would own; if no pin is made the caller releases it (it is in ``release`` or unused)."""
+        would own; if no pin is made the caller releases it (``out.pin`` is None)."""
         out = FinishOutcome()
         if not meta.has_program:
             return out
         pid = meta.program_id
         now = self.clock()
-        tool = meta.tool_name or tool or UNKNOWN_TOOL
-        self.programs.turn_finished(pid, now, tool)
-        old = self.pins.pop(pid)  # a concurrent turn of the same program had pinned
-        if old is not None:
-            self.counters.released += 1
-            out.release.append(old)
-        out.release.extend(self.drop_host(pid))
+        identified = meta.tool_name or tool
+        tool = identified or UNKNOWN_TOOL
+        state = self.programs.turn_finished(pid, now, tool, context_tokens)
+        out.release.extend(self._drop_pins(pid))  # a concurrent turn of the same program had pinned
+        if state is None:
+            logger.debug("continuum: straggler turn of ended program=%s; no pin", pid)
+            return out
         if meta.is_last_step:
-            self._settle_reload(pid, used=False)
-            state = self.programs.forget(pid)
-            observe = getattr(self.ttl_model, "observe_program_end", None)
-            if observe is not None and state is not None:
-                observe(state.turns_finished)
+            self._end_program(self.programs.forget(pid))
             logger.debug("continuum: program=%s finished; no pin", pid)
             return out
         if handle is None or context_tokens <= 0:
+            return out
+        if identified is None and not self.settings.pin_without_tool:
             return out
         ttl = min(float(self.ttl_model.ttl(TTLQuery(tool, context_tokens))), self.settings.max_ttl_s)
         out.ttl = ttl
         if ttl <= 0:
             logger.debug("continuum: program=%s tool=%s ttl=0; no pin", pid, tool)
             return out
-        state = self.programs.get(pid)
-        pin = Pin(
-            program_id=pid,
-            tokens=context_tokens,
-            deadline=now + ttl,
-            program_arrival=float(state.arrival_seq if state else 0),
-            created=now,
-            handle=handle,
-        )
-        released = self.pins.add(pin)
-        if pin in released:
-            released.remove(pin)
-            self.counters.refused += 1
-            logger.debug("continuum: program=%s pin refused (budget)", pid)
-        else:
+        pin = Pin(pid, context_tokens, now + ttl, state.arrival_rank, now, handle=handle)
+        stored, released = self.pins.add(pin)
+        if stored:
             self.counters.created += 1
             out.pin = pin
-            logger.debug(
-                "continuum: pin program=%s tool=%s ttl=%.3fs tokens=%d", pid, tool, ttl, context_tokens
-            )
+            logger.debug("continuum: pin program=%s tool=%s ttl=%.3fs tokens=%d", pid, tool, ttl, context_tokens)
+        else:
+            self.counters.refused += 1
+            logger.debug("continuum: program=%s pin refused (budget)", pid)
         self.counters.shed += len(released)
         out.release.extend(released)
         return out
 
     def turn_aborted(self, meta: ProgramMeta) -> list[Pin]:
-        """Abort or retraction: forget the pending tool call and drop the program's pin."""
+        """Abort: forget the pending tool call and drop the program's pins."""
         if not meta.has_program:
             return []
         self.programs.turn_aborted(meta.program_id, self.clock())
-        released = self.drop_host(meta.program_id)
+        return self._drop_pins(meta.program_id)
+
+    def turn_retracted(self, meta: ProgramMeta) -> list[Pin]:
+        """Retraction: the turn goes back to the queue; its program's device pin (if any) must
+        not hold memory meanwhile. Host copies stay (the turn will want them)."""
+        if not meta.has_program:
+            return []
         pin = self.pins.pop(meta.program_id)
-        if pin is not None:
-            self.counters.released += 1
-            released.append(pin)
-        return released
+        if pin is None:
+            return []
+        self.counters.released += 1
+        return [pin]
 
-    def expire(self, program_waiting: Callable[[str], bool]) -> list[Pin]:
-        """Step: pins past their deadline, except those whose program has a turn waiting, which
-        are held at most ``max_wait_hold_s`` longer. Also forgets idle programs."""
+    def step(self, program_waiting: Callable[[str], bool]) -> StepPlan:
+        """Once per scheduler step: pins past their deadline (held at most ``max_wait_hold_s``
+        longer while their program has a turn waiting), programs forgotten for idleness (and
+        what they held), host pins past their host TTL, predictive reloads now due."""
         now = self.clock()
-        expired = self.pins.pop_expired(now, self._wait_hold(program_waiting))
-        self.counters.expired += len(expired)
-        for pin in expired:
-            logger.debug("continuum: pin expired program=%s", pin.program_id)
-        for state in self.programs.forget_idle(now):
-            dropped = self.pins.pop(state.program_id)
-            if dropped is not None:  # cannot happen while idle_timeout > max TTL; stay safe anyway
-                expired.append(dropped)
-            expired.extend(self.drop_host(state.program_id))
-            self._settle_reload(state.program_id, used=False)
-        return expired
+        plan = StepPlan()
+        hold = self._wait_hold(program_waiting)
+        plan.expired = self.pins.pop_expired(now, hold)
+        self.counters.expired += len(plan.expired)
+        self.programs.forget_idle(now)
+        for state in self.programs.drain_forgotten():
+            plan.released.extend(self._drop_pins(state.program_id))
+            self._end_program(state)
+        plan.host_expired = self.host_pins.pop_expired(now, hold)
+        self.host_counters.host_expired += len(plan.host_expired)
+        plan.reloads = self._due_reloads(now)
+        return plan
 
-    def _wait_hold(self, program_waiting: Callable[[str], bool]) -> Callable[[Pin], Optional[float]]:
-        """An expired pin whose program has a turn waiting is held ``max_wait_hold_s`` longer."""
-        hold_s = self.settings.max_wait_hold_s
+    def shed(self, *, ranked_after: Optional[int] = None, keep: Optional[str] = None) -> Optional[Pin]:
+        """The one shed path: release the latest-arriving program's pin, optionally only one of a
+        program ranked after ``ranked_after`` and never ``keep``'s. None when there is none."""
+        pin = self.pins.pop_latest(ranked_after=ranked_after, keep=keep)
+        if pin is not None:
+            self.counters.shed += 1
+            logger.debug("continuum: shed pin program=%s tokens=%d", pin.program_id, pin.tokens)
+        return pin
 
-        def hold(pin: Pin) -> Optional[float]:
-            return pin.deadline + hold_s if hold_s > 0 and program_waiting(pin.program_id) else None
+    def reset(self) -> None:
+        """The engine dropped its whole cache (``/flush_cache``): every pin's node is gone, so
+        pins are dropped without unlocking and counted as flushed."""
+        self.counters.flushed += len(self.pins.clear())
+        self.host_counters.host_released += len(self.host_pins.clear())
+        self._reload_heap.clear()
+        for pid in list(self._reloading):
+            self._settle_reload(pid, used=False)
 
-        return hold
+    # -- queue order and admission -------------------------------------------------------
+    @property
+    def pins_version(self) -> int:
+        """Changes whenever a device pin is added or removed (a waiting turn's key may change)."""
+        return self.pins.version
+
+    def priority_key(self, tag: TurnTag, retracted: bool, now: float) -> tuple[int, int, int]:
+        """Program-level FCFS with bounded waiting (see ``priority.py``)."""
+        limit = self.settings.max_queue_wait_s
+        pid = tag.meta.program_id
+        return priority_key(
+            retracted=retracted,
+            overdue=limit > 0 and now - tag.arrival >= limit,
+            pinned=pid is not None and pid in self.pins,
+            program_rank=tag.program_rank,
+            request_rank=tag.request_rank,
+        )
+
+    def is_overdue(self, tag: TurnTag, now: float) -> bool:
+        return self.priority_key(tag, False, now)[0] == OVERDUE
+
+    def overdue_at(self, tag: TurnTag) -> Optional[float]:
+        limit = self.settings.max_queue_wait_s
+        return tag.arrival + limit if limit > 0 else None
+
+    def holds_back(self, tag: TurnTag, request_tokens: int, capacity_tokens: int, now: float) -> bool:
+        """Program-level admission control: a new program's first turn waits while the pool
+        cannot hold the working sets of the programs already in flight plus this request. The
+        adapter never calls this when holding back would idle the engine."""
+        if not self.settings.admission_control or not tag.meta.has_program:
+            return False
+        if self.is_overdue(tag, now):
+            return False  # bounded waiting wins over admission control
+        state = self.programs.get(tag.meta.program_id)
+        if state is None or state.turns_admitted > 0 or self.programs.working_programs == 0:
+            return False
+        room = capacity_tokens * self.settings.admission_working_set_fraction
+        if self.programs.working_set_tokens + request_tokens <= room:
+            return False
+        if not tag.held_back:
+            tag.held_back = True
+            self.admission.held_back += 1
+        return True
 
     # -- host tier -----------------------------------------------------------------------
     def offload(self, pin: Pin) -> FinishOutcome:
         """A device pin expired or was shed while its program is still out on a tool call:
         decide whether to protect its host copy, and for how long. ``out.pin`` is the new host
-        pin (the adapter takes the host lock and sets its handle); ``out.release`` are host pins
-        pushed out of the host budget."""
+        pin (the adapter takes the host lock and calls ``offloaded``); ``out.release`` are host
+        pins pushed out of the host budget."""
         out = FinishOutcome()
-        if self.reload_cost is None or not self.settings.offload_to_host or pin.tier != "device":
+        if self.reload_cost is None or not self.settings.offload_to_host or pin.tier is not Tier.DEVICE:
             return out
         state = self.programs.get(pin.program_id)
         if state is None or state.last_finish is None:
@@ -262,18 +330,14 @@ class ContinuumController:
             # until that turn is admitted, which releases it
             ttl = self.settings.max_wait_hold_s if state.in_flight > 0 else 0.0
         else:
-            host_ttl = getattr(self.ttl_model, "host_ttl", None)
-            query = TTLQuery(state.pending_tool, pin.tokens)
-            ttl = host_ttl(query, elapsed) if host_ttl is not None else self.settings.host_ttl_s
+            ttl = self.ttl_model.host_ttl(TTLQuery(state.pending_tool, pin.tokens), elapsed)
         ttl = min(float(ttl), self.settings.max_host_ttl_s)
         out.ttl = ttl
         if ttl <= 0:
             return out
-        host = Pin(pin.program_id, pin.tokens, now + ttl, pin.program_arrival, now, tier="host")
-        released = self.host_pins.add(host)
-        if host in released:
-            released.remove(host)
-        else:
+        host = Pin(pin.program_id, pin.tokens, now + ttl, pin.arrival_rank, now, tier=Tier.HOST)
+        stored, released = self.host_pins.add(host)
+        if stored:
             out.pin = host
             if state.pending_tool is not None:
                 self._schedule_reload(host, state.pending_tool, elapsed)
@@ -292,19 +356,6 @@ class ContinuumController:
             self.host_pins.pop(host.program_id)
         self.host_counters.offload_failed += 1
 
-    def drop_host(self, program_id: str) -> list[Pin]:
-        pin = self.host_pins.pop(program_id)
-        if pin is None:
-            return []
-        self.host_counters.host_released += 1
-        return [pin]
-
-    def expire_host(self, program_waiting: Callable[[str], bool]) -> list[Pin]:
-        """Host pins past their deadline (held like device pins while a turn of theirs waits)."""
-        expired = self.host_pins.pop_expired(self.clock(), self._wait_hold(program_waiting))
-        self.host_counters.host_expired += len(expired)
-        return expired
-
     def host_returned(self, tag: TurnTag, loaded_tokens: int, device_prefix_tokens: int) -> list[Pin]:
         """A later turn was admitted: count what came back from host, settle a predictive reload
         (used if its prefix was already on the device), and release the host pin."""
@@ -317,11 +368,87 @@ class ContinuumController:
         reloaded = self._reloading.get(pid)
         if reloaded is not None:
             self._settle_reload(pid, used=loaded_tokens == 0 and device_prefix_tokens >= reloaded)
-        return self.drop_host(pid)
+        return self._drop_host(pid)
 
-    def due_reloads(self) -> list[Pin]:
-        """Host pins whose predictive reload should start now (each returned once)."""
-        now = self.clock()
+    def reload_started(self, pin: Pin) -> None:
+        self._reloading[pin.program_id] = pin.tokens
+        self.host_counters.reloads_started += 1
+
+    # -- warm start ----------------------------------------------------------------------
+    def snapshot(self) -> dict:
+        """Tool statistics plus the model's current signals: what warm start saves and loads,
+        and what an operator reads to see why TTLs are what they are."""
+        return {
+            "ttl_model": self.settings.ttl_model,
+            "tool_stats": self.stats.to_dict(),
+            "signals": self.ttl_model.signals(),
+            "pins": {"live": len(self.pins), "tokens": self.pins.pinned_tokens, "budget": self.pins.budget_tokens},
+            "counters": counter_values(self.counters),
+            "host_pins": {
+                "live": len(self.host_pins), "tokens": self.host_pins.pinned_tokens, "budget": self.host_pins.budget_tokens,
+            },
+            "host_counters": counter_values(self.host_counters),
+            "admission": counter_values(self.admission),
+        }
+
+    def load_snapshot(self, tool_stats: dict, signals: dict) -> None:
+        self.stats.load_dict(tool_stats)
+        self.ttl_model.load_signals(signals)
+
+    # -- integrity -----------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """Cross-structure invariants; raises AssertionError. Run after every operation in the
+        property tests, and at idle while serving with ``SGLANG_CONTINUUM_CHECK_INTEGRITY=1``."""
+        self.pins.check_integrity()
+        self.host_pins.check_integrity()
+        self.programs.check_integrity()
+        self.stats.check_integrity()
+        for pin in self.pins:
+            assert pin.tier is Tier.DEVICE, "host pin in the device table"
+            assert pin.program_id in self.programs, f"pin outlives its program {pin.program_id}"
+            assert pin.handle is not None, "device pin without an engine lock"
+        for pin in self.host_pins:
+            assert pin.tier is Tier.HOST, "device pin in the host table"
+            assert pin.program_id in self.programs, f"host pin outlives its program {pin.program_id}"
+            assert pin.program_id not in self.pins, f"{pin.program_id} pinned on device and host at once"
+        for pid in self._reloading:
+            assert pid in self.programs, f"reload of a forgotten program {pid}"
+        c = self.counters
+        assert c.hits + c.expired + c.shed + c.released + c.flushed + len(self.pins) == c.created, "pin counters"
+
+    # -- internals -----------------------------------------------------------------------
+    def _drop_pins(self, program_id: str) -> list[Pin]:
+        """Release whatever the program holds (device pin, host pin, reload in flight)."""
+        released = self._drop_host(program_id)
+        pin = self.pins.pop(program_id)
+        if pin is not None:
+            self.counters.released += 1
+            released.append(pin)
+        self._settle_reload(program_id, used=False)
+        return released
+
+    def _drop_host(self, program_id: str) -> list[Pin]:
+        pin = self.host_pins.pop(program_id)
+        if pin is None:
+            return []
+        self.host_counters.host_released += 1
+        return [pin]
+
+    def _end_program(self, state: Optional[ProgramState]) -> None:
+        """A program ended (last step) or was forgotten: N = its finished turns feeds eta."""
+        if state is not None and state.turns_finished > 0:
+            self.ttl_model.observe_program_end(state.turns_finished)
+
+    def _wait_hold(self, program_waiting: Callable[[str], bool]) -> Callable[[Pin], Optional[float]]:
+        """An expired pin whose program has a turn waiting is held ``max_wait_hold_s`` longer."""
+        hold_s = self.settings.max_wait_hold_s
+
+        def hold(pin: Pin) -> Optional[float]:
+            return pin.deadline + hold_s if hold_s > 0 and program_waiting(pin.program_id) else None
+
+        return hold
+
+    def _due_reloads(self, now: float) -> list[Pin]:
         due = []
         heap = self._reload_heap
         while heap and heap[0][0] <= now:
@@ -329,10 +456,6 @@ class ContinuumController:
             if self.host_pins.get(pin.program_id) is pin:
                 due.append(pin)
         return due
-
-    def reload_started(self, pin: Pin) -> None:
-        self._reloading[pin.program_id] = pin.tokens
-        self.host_counters.reloads_started += 1
 
     def _schedule_reload(self, host: Pin, tool: str, elapsed: float) -> None:
         if not self.settings.predictive_reload:
@@ -342,7 +465,7 @@ class ContinuumController:
             return
         until = predicted_return(window.sorted, elapsed, self.settings.predictive_reload_quantile)
         lead = self.reload_cost.seconds(host.tokens) + self.settings.predictive_reload_lead_s
-        heapq.heappush(self._reload_heap, (host.created + max(0.0, until - lead), next(self._seq), host))
+        heapq.heappush(self._reload_heap, (host.created + max(0.0, until - lead), next(self._rank), host))
         if len(self._reload_heap) > 2 * len(self.host_pins) + 64:  # drop entries of ended pins
             self._reload_heap = [e for e in self._reload_heap if self.host_pins.get(e[2].program_id) is e[2]]
             heapq.heapify(self._reload_heap)
@@ -353,42 +476,3 @@ class ContinuumController:
                 self.host_counters.reloads_used += 1
             else:
                 self.host_counters.reloads_wasted += 1
-
-    def shed_one(self) -> Optional[Pin]:
-        pin = self.pins.pop_latest()
-        if pin is not None:
-            self.counters.shed += 1
-            logger.debug("continuum: shed pin program=%s tokens=%d", pin.program_id, pin.tokens)
-        return pin
-
-    # -- warm start ----------------------------------------------------------------------
-    def snapshot(self) -> dict:
-        """Tool statistics plus the model's current signals: what warm start saves and loads,
-        and what an operator reads to see why TTLs are what they are."""
-        model = self.ttl_model
-        signals = {}
-        if hasattr(model, "queue_delay"):
-            signals = {
-                "queue_delay_mean_s": model.queue_delay.mean,
-                "queue_delay_samples": len(model.queue_delay),
-                "eta": model.eta.eta,
-                "completed_programs": len(model.eta),
-                "program_turns": model.eta.turn_counts(),
-            }
-        return {
-            "ttl_model": self.settings.ttl_model,
-            "tool_stats": self.stats.to_dict(),
-            "signals": signals,
-            "pins": {"live": len(self.pins), "tokens": self.pins.pinned_tokens, "budget": self.pins.budget_tokens},
-            "counters": {f: getattr(self.counters, f) for f in PinCounters.__slots__},
-            "host_pins": {
-                "live": len(self.host_pins), "tokens": self.host_pins.pinned_tokens, "budget": self.host_pins.budget_tokens,
-            },
-            "host_counters": {f: getattr(self.host_counters, f) for f in HostCounters.__slots__},
-        }
-
-    def load_snapshot(self, data: dict) -> None:
-        self.stats.load_dict(data["tool_stats"])
-        eta = getattr(self.ttl_model, "eta", None)
-        for n in data.get("signals", {}).get("program_turns", []) if eta is not None else []:
-            eta.add(int(n))

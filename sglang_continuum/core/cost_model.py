@@ -25,7 +25,7 @@ import numpy as np
 
 from sglang_continuum.core.offload import ReloadCost, host_ttl
 from sglang_continuum.core.tool_stats import SampleWindow, ToolStats
-from sglang_continuum.core.ttl import TTLQuery, _argmax_sorted, register_ttl_model
+from sglang_continuum.core.ttl import TTLModel, TTLQuery, argmax_sorted
 
 
 @dataclass
@@ -145,10 +145,11 @@ class EtaEstimator:
         return float(-(n * skr - sk * sr) / math.sqrt(var_k * var_r))
 
 
-class _Signals:
-    """What both statistical models observe besides tool times."""
+class _SignalModel(TTLModel):
+    """What both statistical models observe besides tool times: T and eta."""
 
-    def __init__(self, settings) -> None:
+    def __init__(self, settings, stats: ToolStats) -> None:
+        super().__init__(settings, stats)
         self.queue_delay = SlidingMean(settings.queue_delay_window)
         self.eta = EtaEstimator(settings.eta_window)
 
@@ -157,6 +158,19 @@ class _Signals:
 
     def observe_program_end(self, n_turns: int) -> None:
         self.eta.add(n_turns)
+
+    def signals(self) -> dict:
+        return {
+            "queue_delay_mean_s": self.queue_delay.mean,
+            "queue_delay_samples": len(self.queue_delay),
+            "eta": self.eta.eta,
+            "completed_programs": len(self.eta),
+            "program_turns": self.eta.turn_counts(),
+        }
+
+    def load_signals(self, signals: dict) -> None:
+        for n in signals.get("program_turns", []):
+            self.eta.add(int(n))
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,23 +181,15 @@ class Decision:
     samples: int
 
 
-class CostModelTTL(_Signals):
+class CostModelTTL(_SignalModel):
     name = "cost"
 
-    def __init__(self, stats: ToolStats, settings, profile: Optional[PrefillProfile] = None) -> None:
-        super().__init__(settings)
-        self.stats = stats
+    def __init__(self, settings, stats: ToolStats, profile: Optional[PrefillProfile] = None) -> None:
+        super().__init__(settings, stats)
         self.k = settings.cold_start_k
         self.profile = profile or DEFAULT_PROFILE
-        self.reload: Optional[ReloadCost] = None  # set when a host tier (HiCache) is attached
-        self.host_hold_cost = 1.0
         self.last: Optional[Decision] = None
         self._ranks: dict[int, np.ndarray] = {}
-
-    def use_host_tier(self, reload: ReloadCost, hold_cost: float) -> None:
-        """A miss now costs a reload, not a prefill; host memory costs ``hold_cost`` x device's."""
-        self.reload = reload
-        self.host_hold_cost = hold_cost
 
     def rebuild_s(self, context_tokens: int) -> float:
         """PrefillReload(r): what a device miss costs besides queueing."""
@@ -202,25 +208,27 @@ class CostModelTTL(_Signals):
 
     def decide(self, query: TTLQuery) -> Decision:
         benefit = self.benefit_s(query.context_tokens)
+        cap = self.settings.max_ttl_s
         window, source = self.window_for(query.tool)
         if window is None:
-            ttl = math.log(benefit) if benefit > 1.0 else 0.0
+            # (1 - e^-tau) B - tau is concave: its optimum within the cap is the capped optimum
+            ttl = min(math.log(benefit), cap) if benefit > 1.0 else 0.0
             return Decision(ttl, source, benefit, len(self.stats.global_samples))
-        return Decision(self._argmax(window, benefit), source, benefit, len(window))
+        return Decision(self._argmax(window, benefit, cap), source, benefit, len(window))
 
     def host_ttl(self, query: TTLQuery, elapsed_s: float) -> float:
-        """Seconds to keep the host copy after the device pin ended ``elapsed_s`` after the turn."""
         if self.reload is None:
             return 0.0
         benefit = self.profile.seconds(query.context_tokens) - self.reload.seconds(query.context_tokens)
         window, _ = self.window_for(query.tool)
-        return host_ttl(None if window is None else window.sorted, elapsed_s, benefit, self.host_hold_cost)
+        return host_ttl(None if window is None else window.sorted, elapsed_s, benefit, self.host_hold_cost,
+                        cap_s=self.settings.max_host_ttl_s)
 
     def ttl(self, query: TTLQuery) -> float:
         self.last = self.decide(query)
         return self.last.ttl
 
-    def _argmax(self, window: SampleWindow, benefit: float) -> float:
+    def _argmax(self, window: SampleWindow, benefit: float, cap: float) -> float:
         if benefit <= 0:
             return 0.0
         s = window.sorted
@@ -229,10 +237,10 @@ class CostModelTTL(_Signals):
             if len(self._ranks) > 64:
                 self._ranks.clear()
             ranks = self._ranks[s.size] = np.arange(1, s.size + 1, dtype=np.float64) / s.size
-        return _argmax_sorted(s, benefit, ranks)
+        return argmax_sorted(s, benefit, ranks, cap_s=cap)
 
 
-class BernsteinTTL(_Signals):
+class BernsteinTTL(_SignalModel):
     """Seed 003, section 4.3: ``TTL = T_default^2 / B(f) * (1 + alpha * AvgTurns)`` with B an
     empirical-Bernstein upper bound on the tool's duration
     ``mu + sqrt(2 sigma^2 ln(3/delta) / n) + 3 b ln(3/delta) / n`` (b = the largest sample);
@@ -240,9 +248,8 @@ class BernsteinTTL(_Signals):
 
     name = "bernstein"
 
-    def __init__(self, stats: ToolStats, settings) -> None:
-        super().__init__(settings)
-        self.stats = stats
+    def __init__(self, settings, stats: ToolStats) -> None:
+        super().__init__(settings, stats)
         self.t_default = settings.bernstein_t_default_s
         self.delta = settings.bernstein_delta
         self.alpha = settings.bernstein_alpha
@@ -255,6 +262,9 @@ class BernsteinTTL(_Signals):
         return window.mean + math.sqrt(2.0 * window.variance * log_term / n) + 3.0 * b * log_term / n
 
     def ttl(self, query: TTLQuery) -> float:
+        return min(self._ttl(query), self.settings.max_ttl_s)
+
+    def _ttl(self, query: TTLQuery) -> float:
         window, _ = self.stats.window_for(query.tool, min_samples=self.min_samples)
         if len(window) < self.min_samples:
             return self.t_default
@@ -262,11 +272,3 @@ class BernsteinTTL(_Signals):
         if bound <= 0:
             return self.t_default
         return self.t_default**2 / bound * (1.0 + self.alpha * self.eta.mean_turns)
-
-
-def _profile_from(settings) -> Optional[PrefillProfile]:
-    return PrefillProfile.load(settings.prefill_profile) if settings.prefill_profile else None
-
-
-register_ttl_model("cost", lambda *, settings, stats, **_: CostModelTTL(stats, settings, _profile_from(settings)))
-register_ttl_model("bernstein", lambda *, settings, stats, **_: BernsteinTTL(stats, settings))

@@ -23,7 +23,7 @@ from typing import Optional
 
 import numpy as np
 
-from sglang_continuum.core.ttl import _argmax_sorted
+from sglang_continuum.core.ttl import argmax_sorted
 
 # Conservative host-to-device bandwidth when nothing was measured: a quarter of PCIe 4.0 x16's
 # practical ~25 GB/s (scattered page copies, shared links). ``scripts/profile_prefill.py --hicache``
@@ -54,7 +54,9 @@ def remaining_samples(sorted_samples: np.ndarray, elapsed: float) -> np.ndarray:
     return sorted_samples[i:] - elapsed
 
 
-def host_ttl(sorted_samples: Optional[np.ndarray], elapsed: float, benefit_s: float, hold_cost: float) -> float:
+def host_ttl(
+    sorted_samples: Optional[np.ndarray], elapsed: float, benefit_s: float, hold_cost: float, *, cap_s: float = math.inf
+) -> float:
     """Seconds (from now) to protect the host copy; 0 means release it.
 
     ``sorted_samples=None`` is the cold start: Exp(1) tool times, memoryless, so the conditioned
@@ -64,13 +66,13 @@ def host_ttl(sorted_samples: Optional[np.ndarray], elapsed: float, benefit_s: fl
         return 0.0
     ratio = benefit_s / hold_cost if hold_cost > 0 else math.inf
     if sorted_samples is None:
-        return math.log(ratio) if ratio > 1.0 else 0.0
+        return min(math.log(ratio), cap_s) if ratio > 1.0 else 0.0
     rest = remaining_samples(sorted_samples, elapsed)
     if rest.size == 0:  # every observed call of this tool has returned by now
         return 0.0
     if math.isinf(ratio):
-        return float(rest[-1])
-    return _argmax_sorted(rest, ratio)
+        return min(float(rest[-1]), cap_s)
+    return argmax_sorted(rest, ratio, cap_s=cap_s)
 
 
 def predicted_return(sorted_samples: Optional[np.ndarray], elapsed: float, quantile: float) -> Optional[float]:

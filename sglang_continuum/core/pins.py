@@ -8,10 +8,16 @@ shed under pressure (latest program arrival first), and how many tokens are pinn
 
 from __future__ import annotations
 
+import enum
 import heapq
 import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
+
+
+class Tier(str, enum.Enum):
+    DEVICE = "device"  # a lock on device KV: the prefix is resident and not evictable
+    HOST = "host"  # a host lock (HiCache): the prefix's host copy is protected, device memory is not held
 
 
 @dataclass(eq=False, slots=True)
@@ -19,11 +25,11 @@ class Pin:
     program_id: str
     tokens: int
     deadline: float
-    program_arrival: float  # shed order key: later arrivals are shed first
+    arrival_rank: int  # the program's arrival order (program-FCFS rank): later arrivals are shed first
     created: float
     handle: Any = None
     overstay: bool = False  # deadline already extended once because a turn of the program waited
-    tier: str = "device"  # "host": protects the program's host copy (HiCache), not device memory
+    tier: Tier = Tier.DEVICE
     seq: int = field(default=0, compare=False)
 
 
@@ -36,9 +42,10 @@ class PinTable:
         self.budget_tokens = int(budget_tokens)
         self._pins: dict[str, Pin] = {}
         self._by_deadline: list[tuple[float, int, Pin]] = []
-        self._by_arrival: list[tuple[float, int, Pin]] = []  # (-arrival, -seq, pin)
+        self._by_arrival: list[tuple[int, int, Pin]] = []  # (-arrival_rank, -seq, pin)
         self._seq = itertools.count(1)
         self.pinned_tokens = 0
+        self.version = 0  # bumps whenever the set of pins changes (lets callers cache derived state)
 
     # -- queries -------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -57,37 +64,46 @@ class PinTable:
         self._drop_stale(self._by_deadline, self._deadline_entry_live)
         return self._by_deadline[0][0] if self._by_deadline else None
 
-    # -- updates -------------------------------------------------------------------------
-    def add(self, pin: Pin) -> list[Pin]:
-        """Insert ``pin``; return the pins the caller must release.
+    def peek_latest(self) -> Optional[Pin]:
+        """The pin that would be shed next (latest program arrival)."""
+        heap = self._by_arrival
+        while heap and self._pins.get(heap[0][2].program_id) is not heap[0][2]:
+            heapq.heappop(heap)
+        return heap[0][2] if heap else None
 
-        That is the program's previous pin (if any) plus, when the budget would be exceeded,
-        victims taken latest program arrival first. If the new pin is itself the latest arrival
-        (or larger than the whole budget) it is refused: it comes back in the list and is not
-        stored.
+    # -- updates -------------------------------------------------------------------------
+    def add(self, pin: Pin) -> tuple[bool, list[Pin]]:
+        """Insert ``pin``; return (stored, pins the caller must release).
+
+        Released are the program's previous pin (if any) and, when the budget would be exceeded,
+        victims taken latest program arrival first among programs that arrived after ``pin``'s.
+        Whether that can make room is decided before anything is shed: a pin that cannot be
+        stored (larger than the budget, or the budget is held by earlier programs) is refused
+        and sheds nobody.
         """
         released: list[Pin] = []
         old = self.pop(pin.program_id)
         if old is not None:
             released.append(old)
         if pin.tokens > self.budget_tokens:
-            released.append(pin)
-            return released
+            return False, released
+        victims: list[Pin] = []
         while self.pinned_tokens + pin.tokens > self.budget_tokens:
-            latest = self._peek_latest()
-            assert latest is not None  # pinned_tokens > 0 here
-            if pin.program_arrival >= latest.program_arrival:  # the newcomer is the latest: refuse it
-                released.append(pin)
-                return released
-            self._remove(latest)
-            released.append(latest)
+            latest = self.pop_latest(ranked_after=pin.arrival_rank)
+            if latest is None:  # the rest of the budget belongs to earlier programs: refuse
+                for victim in victims:
+                    self._restore(victim)
+                return False, released
+            victims.append(latest)
+        released.extend(victims)
         pin.seq = next(self._seq)
         self._pins[pin.program_id] = pin
         self.pinned_tokens += pin.tokens
+        self.version += 1
         heapq.heappush(self._by_deadline, (pin.deadline, pin.seq, pin))
-        heapq.heappush(self._by_arrival, (-pin.program_arrival, -pin.seq, pin))
+        heapq.heappush(self._by_arrival, (-pin.arrival_rank, -pin.seq, pin))
         self._maybe_compact()
-        return released
+        return True, released
 
     def pop(self, program_id: str) -> Optional[Pin]:
         """Remove and return the program's pin (consume on hit, or release on last step/abort)."""
@@ -120,11 +136,21 @@ class PinTable:
             expired.append(pin)
         return expired
 
-    def pop_latest(self) -> Optional[Pin]:
-        """Shed: remove and return the pin of the latest-arriving program."""
-        pin = self._peek_latest()
-        if pin is not None:
-            self._remove(pin)
+    def pop_latest(self, *, ranked_after: Optional[int] = None, keep: Optional[str] = None) -> Optional[Pin]:
+        """Shed: remove and return the pin of the latest-arriving program -- only if its program
+        arrived after rank ``ranked_after`` (when given) and is not ``keep``. The kept program's
+        pin, if it is the latest, is stepped over without being removed."""
+        pin = self.peek_latest()
+        if pin is not None and pin.program_id == keep:
+            # step over it: look at the next latest without disturbing the kept pin
+            entry = heapq.heappop(self._by_arrival)
+            try:
+                pin = self.peek_latest()
+            finally:
+                heapq.heappush(self._by_arrival, entry)
+        if pin is None or (ranked_after is not None and pin.arrival_rank <= ranked_after):
+            return None
+        self._remove(pin)
         return pin
 
     def clear(self) -> list[Pin]:
@@ -133,13 +159,16 @@ class PinTable:
         self._by_deadline.clear()
         self._by_arrival.clear()
         self.pinned_tokens = 0
+        self.version += 1
         return pins
 
     # -- integrity -----------------------------------------------------------------------
-    def check(self) -> None:
-        """Raise AssertionError if the table's invariants do not hold (tests call this)."""
+    def check_integrity(self) -> None:
+        """Raise AssertionError if the table's invariants do not hold."""
         assert self.pinned_tokens == sum(p.tokens for p in self._pins.values()), "token sum"
         assert self.pinned_tokens <= self.budget_tokens, "budget exceeded"
+        assert all(p.tokens >= 0 for p in self._pins.values()), "negative pin"
+        assert all(pid == p.program_id for pid, p in self._pins.items()), "pin filed under another program"
         live_d = {id(p) for d, s, p in self._by_deadline if self._deadline_entry_live((d, s, p))}
         live_a = {id(p) for _, _, p in self._by_arrival if self._pins.get(p.program_id) is p}
         ids = {id(p) for p in self._pins.values()}
@@ -150,16 +179,18 @@ class PinTable:
     def _remove(self, pin: Pin) -> None:
         del self._pins[pin.program_id]
         self.pinned_tokens -= pin.tokens
+        self.version += 1
+
+    def _restore(self, pin: Pin) -> None:
+        """Undo ``_remove`` of a tentative victim (its deadline entry is still in the heap)."""
+        self._pins[pin.program_id] = pin
+        self.pinned_tokens += pin.tokens
+        self.version += 1
+        heapq.heappush(self._by_arrival, (-pin.arrival_rank, -pin.seq, pin))
 
     def _deadline_entry_live(self, entry: tuple[float, int, Pin]) -> bool:
         deadline, seq, pin = entry
         return self._pins.get(pin.program_id) is pin and pin.deadline == deadline
-
-    def _peek_latest(self) -> Optional[Pin]:
-        heap = self._by_arrival
-        while heap and self._pins.get(heap[0][2].program_id) is not heap[0][2]:
-            heapq.heappop(heap)
-        return heap[0][2] if heap else None
 
     @staticmethod
     def _drop_stale(heap: list, live: Callable) -> None:
@@ -174,5 +205,5 @@ class PinTable:
             self._by_deadline = [(p.deadline, p.seq, p) for p in self._pins.values()]
             heapq.heapify(self._by_deadline)
         if len(self._by_arrival) > limit:
-            self._by_arrival = [(-p.program_arrival, -p.seq, p) for p in self._pins.values()]
+            self._by_arrival = [(-p.arrival_rank, -p.seq, p) for p in self._pins.values()]
             heapq.heapify(self._by_arrival)

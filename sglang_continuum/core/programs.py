@@ -2,7 +2,12 @@
 
 A program is forgotten when its last step is served, when it has been idle longer than
 ``idle_timeout_s`` (a client that vanished), or when the registry is full (least recently seen
-first). Forgetting only loses ordering and tool-time information; it never affects correctness.
+first). Every forgotten program is handed back to the owner (``drain_forgotten``) so that nothing
+it held (a pin, a host pin) outlives it.
+
+The registry also keeps the **working set**: the current context tokens of programs that have
+been admitted at least once and were seen within ``working_set_window_s`` -- the programs the
+pool should hold for their next turn. Program-level admission control reads it.
 """
 
 from __future__ import annotations
@@ -15,14 +20,15 @@ from typing import Optional
 @dataclass(slots=True)
 class ProgramState:
     program_id: str
-    arrival: float  # first turn's arrival (program-level FCFS key)
-    arrival_seq: int  # tie-break for programs that arrive in the same step
+    arrival_rank: int  # program-level FCFS rank: the arrival order of its first turn
     last_seen: float
     turns_arrived: int = 0
+    turns_admitted: int = 0
     turns_finished: int = 0
     in_flight: int = 0
     last_finish: Optional[float] = None
     pending_tool: Optional[str] = None  # tool called by the last finished turn, not yet returned
+    context_tokens: int = 0  # its context as of its latest admitted or finished turn
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,12 +42,18 @@ class ToolReturn:
 
 
 class ProgramRegistry:
-    def __init__(self, *, max_programs: int = 100_000, idle_timeout_s: float = 900.0) -> None:
+    def __init__(
+        self, *, max_programs: int = 100_000, idle_timeout_s: float = 900.0, working_set_window_s: float = 30.0
+    ) -> None:
         if max_programs < 1:
             raise ValueError("max_programs must be >= 1")
         self.max_programs = max_programs
         self.idle_timeout_s = idle_timeout_s
+        self.working_set_window_s = working_set_window_s
         self._programs: OrderedDict[str, ProgramState] = OrderedDict()  # least recently seen first
+        self._working: OrderedDict[str, None] = OrderedDict()  # admitted, seen in the window; LRU
+        self.working_set_tokens = 0
+        self._forgotten: list[ProgramState] = []  # dropped by overflow or idleness, not yet drained
         self.forgotten = 0
 
     def __len__(self) -> int:
@@ -53,25 +65,23 @@ class ProgramRegistry:
     def get(self, program_id: str) -> Optional[ProgramState]:
         return self._programs.get(program_id)
 
-    def _touch(self, program_id: str, now: float, seq: int = 0) -> ProgramState:
+    @property
+    def working_programs(self) -> int:
+        return len(self._working)
+
+    # -- events --------------------------------------------------------------------------
+    def turn_arrived(self, program_id: str, now: float, rank: int) -> tuple[ProgramState, Optional[ToolReturn]]:
+        """Record a turn's arrival; ``rank`` (a global arrival counter) becomes the program's
+        arrival rank if this is its first turn."""
         state = self._programs.get(program_id)
         if state is None:
-            state = ProgramState(program_id, arrival=now, arrival_seq=seq, last_seen=now)
+            state = ProgramState(program_id, arrival_rank=rank, last_seen=now)
             self._programs[program_id] = state
             while len(self._programs) > self.max_programs:
-                self._programs.popitem(last=False)
-                self.forgotten += 1
+                _, dropped = self._programs.popitem(last=False)
+                self._drop(dropped)
         else:
-            state.last_seen = now
-            self._programs.move_to_end(program_id)
-        return state
-
-    def turn_arrived(
-        self, program_id: str, now: float, seq: int
-    ) -> tuple[ProgramState, Optional[ToolReturn]]:
-        """Record a turn's arrival; ``seq`` (a global arrival counter) orders programs that arrive
-        in the same instant, and becomes the program's arrival key if this is its first turn."""
-        state = self._touch(program_id, now, seq)
+            self._touch(state, now)
         state.turns_arrived += 1
         state.in_flight += 1
         ret = None
@@ -80,34 +90,98 @@ class ProgramRegistry:
             state.pending_tool = None
         return state, ret
 
-    def turn_finished(self, program_id: str, now: float, tool: Optional[str]) -> ProgramState:
-        state = self._touch(program_id, now)
+    def turn_admitted(self, program_id: str, now: float, context_tokens: int) -> Optional[ProgramState]:
+        state = self._programs.get(program_id)
+        if state is not None:
+            state.turns_admitted += 1
+            self._touch(state, now)
+            self._set_context(state, context_tokens)
+        return state
+
+    def turn_finished(self, program_id: str, now: float, tool: Optional[str], context_tokens: int) -> Optional[ProgramState]:
+        """None for a straggler: a turn of a program already ended or forgotten (it must not
+        bring the program back with a new rank)."""
+        state = self._programs.get(program_id)
+        if state is None:
+            return None
+        self._touch(state, now)
         state.turns_finished += 1
         state.in_flight = max(0, state.in_flight - 1)
         state.last_finish = now
         state.pending_tool = tool
+        if context_tokens > 0:
+            self._set_context(state, context_tokens)
         return state
 
     def turn_aborted(self, program_id: str, now: float) -> Optional[ProgramState]:
         state = self._programs.get(program_id)
         if state is not None:
             state.in_flight = max(0, state.in_flight - 1)
-            state.last_seen = now
             state.pending_tool = None
+            self._touch(state, now)
         return state
 
     def forget(self, program_id: str) -> Optional[ProgramState]:
-        return self._programs.pop(program_id, None)
+        state = self._programs.pop(program_id, None)
+        if state is not None:
+            self._leave_working_set(state)
+        return state
 
-    def forget_idle(self, now: float) -> list[ProgramState]:
-        """Drop programs unseen for ``idle_timeout_s``; O(number dropped)."""
-        dropped = []
+    def forget_idle(self, now: float) -> None:
+        """Drop programs unseen for ``idle_timeout_s`` (to ``drain_forgotten``) and let programs
+        unseen for ``working_set_window_s`` leave the working set; O(number dropped)."""
         cutoff = now - self.idle_timeout_s
         while self._programs:
-            pid, state = next(iter(self._programs.items()))
+            state = next(iter(self._programs.values()))
             if state.last_seen > cutoff:
                 break
             self._programs.popitem(last=False)
-            dropped.append(state)
-        self.forgotten += len(dropped)
-        return dropped
+            self._drop(state)
+        cutoff = now - self.working_set_window_s
+        while self._working:
+            state = self._programs[next(iter(self._working))]
+            if state.last_seen > cutoff or state.in_flight > 0:
+                break
+            self._leave_working_set(state)
+
+    def drain_forgotten(self) -> list[ProgramState]:
+        out, self._forgotten = self._forgotten, []
+        return out
+
+    # -- integrity -----------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        assert len(self._programs) <= self.max_programs, "registry over its bound"
+        seen = [s.last_seen for s in self._programs.values()]
+        assert all(a <= b for a, b in zip(seen, seen[1:])), "registry not in last-seen order"
+        for pid, s in self._programs.items():
+            assert pid == s.program_id, "state filed under another program"
+            assert s.in_flight >= 0 and s.turns_finished <= s.turns_arrived, f"turn counts of {pid}"
+            assert s.turns_admitted <= s.turns_arrived, f"admitted more turns than arrived: {pid}"
+        assert all(pid in self._programs for pid in self._working), "working set names a forgotten program"
+        total = sum(self._programs[pid].context_tokens for pid in self._working)
+        assert total == self.working_set_tokens, "working-set token sum"
+
+    # -- internals -----------------------------------------------------------------------
+    def _touch(self, state: ProgramState, now: float) -> None:
+        state.last_seen = max(state.last_seen, now)
+        self._programs.move_to_end(state.program_id)
+        if state.program_id in self._working:
+            self._working.move_to_end(state.program_id)
+
+    def _set_context(self, state: ProgramState, tokens: int) -> None:
+        if state.program_id in self._working:
+            self.working_set_tokens += tokens - state.context_tokens
+            self._working.move_to_end(state.program_id)
+        else:
+            self.working_set_tokens += tokens
+            self._working[state.program_id] = None
+        state.context_tokens = tokens
+
+    def _leave_working_set(self, state: ProgramState) -> None:
+        if self._working.pop(state.program_id, 0) is None:
+            self.working_set_tokens -= state.context_tokens
+
+    def _drop(self, state: ProgramState) -> None:
+        self._leave_working_set(state)
+        self._forgotten.append(state)
+        self.forgotten += 1

@@ -12,21 +12,18 @@ import json
 import os
 import tomllib
 from pathlib import Path
-from typing import Literal, Mapping, Optional
+from typing import Mapping, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 ENV_PREFIX = "SGLANG_CONTINUUM_"
 CONFIG_ENV = ENV_PREFIX + "CONFIG"
-
-TTLModelName = Literal["cost", "fixed", "reference", "bernstein"]
-
 
 class ContinuumSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     # TTL model and its parameters
-    ttl_model: TTLModelName = "cost"
+    ttl_model: str = Field("cost", description="a name in core/ttl_registry.py: cost, fixed, reference, bernstein")
     fixed_ttl_s: float = Field(2.0, ge=0)
     reference_pin_s: float = Field(2.0, ge=0)
     reference_threshold_s: float = Field(2.0, ge=0)
@@ -44,6 +41,23 @@ class ContinuumSettings(BaseModel):
     pin_budget_fraction: float = Field(0.5, ge=0, le=1, description="share of the KV pool pins may hold")
     max_wait_hold_s: float = Field(
         10.0, ge=0, description="how long an expired pin is kept while its program's next turn waits"
+    )
+    pin_without_tool: bool = Field(
+        True, description="pin turns whose tool call could not be identified (False: no tool found, no pin)"
+    )
+
+    # queue order and admission
+    max_queue_wait_s: float = Field(
+        15.0, ge=0, description="a request waiting this long goes first (oldest first); 0 = no bound"
+    )
+    admission_control: bool = Field(
+        True, description="a new program's first turn waits while the working sets of programs in flight fill the pool"
+    )
+    admission_working_set_fraction: float = Field(
+        1.0, gt=0, description="share of the KV pool the working sets of programs in flight may fill"
+    )
+    working_set_window_s: float = Field(
+        30.0, gt=0, description="a program unseen this long (out on a tool) leaves the working set"
     )
 
     # host tier (--enable-hierarchical-cache)
@@ -69,8 +83,38 @@ class ContinuumSettings(BaseModel):
     max_tools: int = Field(1024, ge=1)
 
     # statistics persistence (warm start)
-    stats_path: Optional[str] = Field(None, description="tool statistics loaded at start, saved periodically")
-    stats_save_interval_s: float = Field(60.0, gt=0)
+    stats_path: Optional[str] = Field(
+        None, description="tool statistics loaded at start, saved periodically (off the scheduler's step) and at shutdown"
+    )
+    stats_save_interval_s: float = Field(30.0, gt=0)
+
+    # debugging
+    check_integrity: bool = Field(False, description="check every invariant at idle (tests, debugging)")
+
+    @field_validator("ttl_model")
+    @classmethod
+    def _known_model(cls, name: str) -> str:
+        from sglang_continuum.core.ttl_registry import TTL_MODELS
+
+        if name not in TTL_MODELS:
+            raise ValueError(f"unknown TTL model {name!r}; choose from {sorted(TTL_MODELS)}")
+        return name
+
+    @field_validator("stats_path")
+    @classmethod
+    def _writable_stats_path(cls, path: Optional[str]) -> Optional[str]:
+        if path is None:
+            return None
+        target = Path(path)
+        if target.is_dir():
+            raise ValueError(f"stats_path {path!r} is a directory; it must name a file")
+        parent = target.parent if str(target.parent) else Path(".")
+        existing = next((p for p in (parent, *parent.parents) if p.exists()), None)
+        if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+            raise ValueError(f"stats_path {path!r}: {existing or parent} is not a writable directory")
+        if target.exists() and not os.access(target, os.W_OK):
+            raise ValueError(f"stats_path {path!r} is not writable")
+        return path
 
     @model_validator(mode="after")
     def _programs_outlive_pins(self) -> "ContinuumSettings":

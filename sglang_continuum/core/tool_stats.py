@@ -75,6 +75,13 @@ class SampleWindow:
             return 0.0
         return max(0.0, (self._sumsq - self._sum * self._sum / n) / (n - 1))
 
+    def check_integrity(self) -> None:
+        n = len(self._fifo)
+        assert n <= self.capacity and self._sorted.size == n, "window size"
+        assert n == 0 or bool(np.all(np.diff(self._sorted) >= 0)), "window not sorted"
+        assert sorted(self._fifo) == self._sorted.tolist(), "sorted view differs from the samples"
+        assert abs(self._sum - sum(self._fifo)) <= 1e-6 * max(1.0, abs(self._sum)), "running sum"
+
     def cdf(self, tau: float) -> float:
         n = len(self._fifo)
         return float(np.searchsorted(self._sorted, tau, "right")) / n if n else 0.0
@@ -111,6 +118,12 @@ class ToolStats:
         if w is not None and len(w) >= min_samples:
             return w, "tool"
         return self.global_samples, "global"
+
+    def check_integrity(self) -> None:
+        assert len(self._tools) <= self.max_tools, "too many tool classes"
+        self.global_samples.check_integrity()
+        for window in self._tools.values():
+            window.check_integrity()
 
     def tools(self) -> dict[str, SampleWindow]:
         return dict(self._tools)

@@ -1,23 +1,32 @@
 """TTL models: how long to pin a program's prefix after a non-final turn.
 
-One small interface (``TTLModel.ttl(query) -> seconds``, 0 meaning "do not pin") with several
-implementations selectable by name (``TTL_MODELS``):
+One interface, ``TTLModel``: ``ttl(query) -> seconds`` (0 means "do not pin") plus explicit,
+defaulted hooks for the signals a model may learn from. Implementations (registered in
+``ttl_registry``):
 
 * ``fixed``     -- a constant (ablations, and the simplest thing that can work).
 * ``reference`` -- the public vLLM reference's rule: pin 2.0 s if the tool's mean duration is at
                    most 2.0 s (unseen tools get the pin), else none.
 * ``cost``      -- the paper's cost model (section 4): see ``cost_model.py``.
 * ``bernstein`` -- the earlier paper version's bound (seed 003, section 4.3).
+
+Every TTL is at most ``max_ttl_s``: a model that optimises picks the best candidate within the cap
+(capping an unconstrained optimum afterwards can give a pin that never pays off).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Callable, Optional, Protocol
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
 from sglang_continuum.core.tool_stats import ToolStats
+
+if TYPE_CHECKING:
+    from sglang_continuum.core.offload import ReloadCost
+    from sglang_continuum.core.settings import ContinuumSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,14 +35,53 @@ class TTLQuery:
     context_tokens: int  # tokens the pin would keep (the program's whole context so far)
 
 
-class TTLModel(Protocol):
-    name: str
+class TTLModel:
+    """Base of every TTL model. Subclasses implement ``ttl``; the hooks default to "ignore"."""
 
-    def ttl(self, query: TTLQuery) -> float: ...
+    name = "base"
+
+    def __init__(self, settings: "ContinuumSettings", stats: ToolStats) -> None:
+        self.settings = settings
+        self.stats = stats
+        self.reload: Optional["ReloadCost"] = None  # set when a host tier (HiCache) is attached
+        self.host_hold_cost = 1.0
+
+    def ttl(self, query: TTLQuery) -> float:
+        raise NotImplementedError
+
+    # -- signals (what a statistical model learns from besides tool times) ---------------
+    def observe_queue_delay(self, seconds: float) -> None:
+        """A returning turn that missed its prefix waited ``seconds`` from arrival to admission."""
+
+    def observe_program_end(self, n_turns: int) -> None:
+        """A program ended after ``n_turns`` turns (last step, or forgotten while idle)."""
+
+    def rebuild_s(self, context_tokens: int) -> float:
+        """Seconds a device miss costs besides queueing (recompute, or reload from host)."""
+        return 0.0
+
+    # -- host tier -----------------------------------------------------------------------
+    def use_host_tier(self, reload: "ReloadCost", hold_cost: float) -> None:
+        """A miss now costs a reload, not a prefill; host memory costs ``hold_cost`` x device's."""
+        self.reload = reload
+        self.host_hold_cost = hold_cost
+
+    def host_ttl(self, query: TTLQuery, elapsed_s: float) -> float:
+        """Seconds to protect the host copy once the device pin ended ``elapsed_s`` after the turn."""
+        return min(self.settings.host_ttl_s, self.settings.max_host_ttl_s)
+
+    # -- warm start ----------------------------------------------------------------------
+    def signals(self) -> dict:
+        """What the model learned besides tool times (saved with the statistics)."""
+        return {}
+
+    def load_signals(self, signals: dict) -> None:
+        """Restore what ``signals`` saved (warm start)."""
 
 
-def optimal_ttl(samples, benefit_s: float) -> float:
-    """``argmax over tau in {0} U samples of  P(tau) * benefit_s - tau`` for one empirical CDF.
+def optimal_ttl(samples, benefit_s: float, cap_s: float = math.inf) -> float:
+    """``argmax over tau in {0} U samples, tau <= cap_s, of  P(tau) * benefit_s - tau`` for one
+    empirical CDF.
 
     ``P(tau)`` is the fraction of samples <= tau. Samples and the result are in seconds. Ties go
     to the smaller tau (pinning longer for the same value only costs memory).
@@ -45,63 +93,40 @@ def optimal_ttl(samples, benefit_s: float) -> float:
         return 0.0
     if not np.all(np.diff(s) >= 0):
         s = np.sort(s)
-    return _argmax_sorted(s, float(benefit_s))
+    return argmax_sorted(s, float(benefit_s), cap_s=cap_s)
 
 
-def _argmax_sorted(s: np.ndarray, benefit_s: float, ranks: Optional[np.ndarray] = None) -> float:
+def argmax_sorted(s: np.ndarray, benefit_s: float, ranks: Optional[np.ndarray] = None, *, cap_s: float = math.inf) -> float:
+    """``optimal_ttl`` for samples already sorted; ``ranks`` (i/n) may be passed in cached."""
     n = s.size
     if ranks is None:
         ranks = np.arange(1, n + 1, dtype=np.float64) / n
+    k = n if math.isinf(cap_s) else int(np.searchsorted(s, cap_s, side="right"))
+    if k == 0:
+        return 0.0
     # For a run of equal samples the last index has the largest P, so a plain argmax over all
     # indices already evaluates each distinct candidate at its true CDF value.
-    obj = ranks * benefit_s - s
+    obj = ranks[:k] * benefit_s - s[:k]
     i = int(np.argmax(obj))
     return float(s[i]) if obj[i] > 0.0 else 0.0
 
 
-@dataclass
-class FixedTTL:
-    seconds: float = 2.0
-    name: str = "fixed"
-
-    def __post_init__(self) -> None:
-        if self.seconds < 0:
-            raise ValueError("fixed TTL must be >= 0")
+class FixedTTL(TTLModel):
+    name = "fixed"
 
     def ttl(self, query: TTLQuery) -> float:
-        return self.seconds
+        return min(self.settings.fixed_ttl_s, self.settings.max_ttl_s)
 
 
-@dataclass
-class ReferenceTTL:
-    """Pin ``pin_s`` if the tool's running mean is at most ``threshold_s``; unseen tools are pinned."""
+class ReferenceTTL(TTLModel):
+    """Pin ``reference_pin_s`` if the tool's running mean is at most ``reference_threshold_s``;
+    unseen tools are pinned."""
 
-    stats: ToolStats
-    pin_s: float = 2.0
-    threshold_s: float = 2.0
-    name: str = "reference"
+    name = "reference"
 
     def ttl(self, query: TTLQuery) -> float:
+        pin_s = min(self.settings.reference_pin_s, self.settings.max_ttl_s)
         window = self.stats.tool(query.tool)
         if window is None or len(window) == 0:
-            return self.pin_s
-        return self.pin_s if window.mean <= self.threshold_s else 0.0
-
-
-TTLFactory = Callable[..., TTLModel]
-TTL_MODELS: dict[str, TTLFactory] = {}
-
-
-def register_ttl_model(name: str, factory: TTLFactory) -> None:
-    if name in TTL_MODELS:
-        raise ValueError(f"TTL model {name!r} is already registered")
-    TTL_MODELS[name] = factory
-
-
-register_ttl_model("fixed", lambda *, settings, stats, **_: FixedTTL(settings.fixed_ttl_s))
-register_ttl_model(
-    "reference",
-    lambda *, settings, stats, **_: ReferenceTTL(
-        stats, pin_s=settings.reference_pin_s, threshold_s=settings.reference_threshold_s
-    ),
-)
+            return pin_s
+        return pin_s if window.mean <= self.settings.reference_threshold_s else 0.0

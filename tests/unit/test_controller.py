@@ -5,7 +5,7 @@ import pytest
 from sglang_continuum.core.clock import ManualClock
 from sglang_continuum.core.controller import ContinuumController
 from sglang_continuum.core.metadata import ProgramMeta
-from sglang_continuum.core.priority import program_fcfs_key
+from sglang_continuum.core.priority import priority_key
 from sglang_continuum.core.settings import ContinuumSettings
 
 
@@ -26,7 +26,7 @@ def test_non_final_turn_pins_final_turn_does_not():
     assert out.pin is not None and out.pin.deadline == 3.0 and out.ttl == 3.0
     tag = c.turn_arrived(turn("p", last=True))
     assert not tag.returning_miss
-    assert c.turn_admitted(tag).handle == "lock1" and c.counters.hits == 1
+    assert c.turn_admitted(tag, 120).handle == "lock1" and c.counters.hits == 1
     out = c.turn_finished(turn("p", last=True), context_tokens=150, handle=None)
     assert out.pin is None and "p" not in c.programs and len(c.pins) == 0
 
@@ -53,7 +53,7 @@ def test_two_turns_in_flight_replace_not_crash():
 def test_requests_without_program_never_pin():
     c, _ = make()
     tag = c.turn_arrived(ProgramMeta())
-    assert tag.program_seq == tag.request_seq
+    assert tag.program_rank == tag.request_rank
     assert c.turn_finished(ProgramMeta(), context_tokens=99, handle="h").pin is None
     assert len(c.programs) == 0
 
@@ -63,9 +63,9 @@ def test_expiry_respects_waiting_turns_but_only_for_a_bounded_time():
     c.turn_arrived(turn("p"))
     c.turn_finished(turn("p"), context_tokens=10, handle="h")
     clock.advance(1.5)
-    assert c.expire(lambda pid: True) == []  # next turn waits: held
+    assert c.step(lambda pid: True).expired == []  # next turn waits: held
     clock.advance(3.6)  # 5.1 > 1.0 + 4.0
-    assert [p.handle for p in c.expire(lambda pid: True)] == ["h"] and c.counters.expired == 1
+    assert [p.handle for p in c.step(lambda pid: True).expired] == ["h"] and c.counters.expired == 1
 
 
 def test_expiry_without_waiting_turn():
@@ -73,9 +73,9 @@ def test_expiry_without_waiting_turn():
     c.turn_arrived(turn("p"))
     c.turn_finished(turn("p"), context_tokens=10, handle="h")
     clock.advance(0.99)
-    assert c.expire(lambda pid: False) == []
+    assert c.step(lambda pid: False).expired == []
     clock.advance(0.02)
-    assert len(c.expire(lambda pid: False)) == 1
+    assert len(c.step(lambda pid: False).expired) == 1
 
 
 def test_abort_releases_and_forgets_pending_tool():
@@ -131,14 +131,35 @@ def test_reference_rule():
 
 
 def test_priority_key_order():
+    def key(retracted=False, overdue=False, pinned=False, program=0, request=0):
+        return priority_key(retracted=retracted, overdue=overdue, pinned=pinned, program_rank=program, request_rank=request)
+
     keys = {
-        "retracted": program_fcfs_key(True, False, 9, 9),
-        "pinned": program_fcfs_key(False, True, 5, 8),
-        "old_program": program_fcfs_key(False, False, 1, 7),
-        "new_program": program_fcfs_key(False, False, 3, 2),
-        "new_program_later_turn": program_fcfs_key(False, False, 3, 4),
+        "retracted": key(retracted=True, program=9, request=9),
+        "overdue_old": key(overdue=True, program=8, request=3),
+        "overdue_new": key(overdue=True, program=0, request=6),
+        "pinned": key(pinned=True, program=5, request=8),
+        "old_program": key(program=1, request=7),
+        "new_program": key(program=3, request=2),
+        "new_program_later_turn": key(program=3, request=4),
     }
-    assert sorted(keys, key=keys.get) == ["retracted", "pinned", "old_program", "new_program", "new_program_later_turn"]
+    assert sorted(keys, key=keys.get) == [
+        "retracted", "overdue_old", "overdue_new", "pinned", "old_program", "new_program", "new_program_later_turn"
+    ]
+
+
+def test_waiting_past_the_bound_goes_first_oldest_first():
+    c, clock = make(max_queue_wait_s=5.0)
+    early = c.turn_arrived(turn("early"))
+    late = c.turn_arrived(turn("late"))
+    c.turn_finished(turn("early"), context_tokens=10, handle="h")  # early's next turn will be pinned
+    again = c.turn_arrived(turn("early"))
+    clock.advance(4.0)
+    order = sorted([late, again], key=lambda t: c.priority_key(t, False, clock()))
+    assert order == [again, late]  # pinned first while nobody is overdue
+    clock.advance(1.0)  # late (and again) waited 5 s: overdue, by request arrival
+    assert sorted([again, late], key=lambda t: c.priority_key(t, False, clock())) == [late, again]
+    assert c.is_overdue(late, clock()) and not c.is_overdue(early, 0.0)
 
 
 def test_settings_from_env_and_file(tmp_path):
@@ -154,22 +175,20 @@ def test_settings_from_env_and_file(tmp_path):
         ContinuumSettings.load({"SGLANG_CONTINUUM_CONFIG": str(tmp_path / "missing.toml")})
 
 
-def test_T_is_the_wait_of_returning_misses_beyond_their_recompute():
-    from sglang_continuum.core.cost_model import PrefillProfile
-
-    c, clock = make(ttl_model="cost", fixed_ttl_s=0.0)
-    c.ttl_model.profile = PrefillProfile((0.0, 0.001, 0.0))  # 1 ms per token
+def test_T_is_the_admission_wait_of_returning_misses():
+    c, clock = make(ttl_model="cost")
     first = c.turn_arrived(turn("p"))
-    c.turn_started(first, 500)
+    clock.advance(0.5)
+    c.turn_admitted(first, 500)
     assert len(c.ttl_model.queue_delay) == 0  # a first turn is not a returning miss
-    out = c.turn_finished(turn("p"), context_tokens=600, handle="h")
-    assert out.pin is None  # cold start, B = 0.6 s < 1: no pin
+    out = c.turn_finished(turn("p"), context_tokens=600, handle=None)
+    assert out.pin is None
     clock.advance(1.0)
     back = c.turn_arrived(turn("p"))
     assert back.returning_miss
     clock.advance(2.0)
-    c.turn_started(back, 600)  # waited 2.0 s, 0.6 s of it recomputing
-    assert c.ttl_model.queue_delay.mean == pytest.approx(1.4)
+    c.turn_admitted(back, 600)  # waited 2.0 s from arrival to admission, whatever its prefill
+    assert c.ttl_model.queue_delay.mean == pytest.approx(2.0)
 
 
 def test_shipped_config_file_matches_the_defaults():
@@ -183,7 +202,7 @@ def test_shipped_config_file_matches_the_defaults():
 
 
 def test_warm_start_round_trip(tmp_path):
-    from sglang_continuum.core.persistence import load_stats, save_stats
+    from sglang_continuum.core.persistence import load_stats, write_stats
 
     c, clock = make(ttl_model="cost")
     for i in range(3):
@@ -193,7 +212,7 @@ def test_warm_start_round_trip(tmp_path):
     c.turn_arrived(turn("p", last=True))
     c.turn_finished(turn("p", last=True), context_tokens=10, handle=None)
     path = tmp_path / "stats.json"
-    save_stats(c, path)
+    write_stats(c.snapshot(), path)
     fresh, _ = make(ttl_model="cost")
     assert load_stats(fresh, path)
     assert fresh.stats.tool("grep").samples() == c.stats.tool("grep").samples() == [0.5, 1.5, 2.5]

@@ -73,7 +73,7 @@ def test_predicted_return_is_a_quantile_of_the_remaining_time():
 
 def cost_model(k=5, **kw):
     stats = ToolStats()
-    model = CostModelTTL(stats, ContinuumSettings(cold_start_k=k, **kw), PrefillProfile((0.0, 0.01, 0.0)))
+    model = CostModelTTL(ContinuumSettings(cold_start_k=k, **kw), stats, PrefillProfile((0.0, 0.01, 0.0)))
     return stats, model
 
 
@@ -112,7 +112,7 @@ def first_turn(c, pid, tokens=100, tool="t"):
 
 def offload_after_expiry(c, clock, pid):
     clock.advance(1.5)
-    [pin] = c.expire(lambda _: False)
+    [pin] = c.step(lambda _: False).expired
     out = c.offload(pin)
     assert out.pin is not None and out.pin.tier == "host"
     out.pin.handle = f"host-{pid}"
@@ -126,7 +126,7 @@ def test_expired_pin_becomes_a_host_pin_released_when_the_next_turn_is_admitted(
     assert host.deadline == pytest.approx(1.5 + 30.0) and c.host_pins.pinned_tokens == 100
     tag = c.turn_arrived(ProgramMeta("p", True))
     assert tag.returning_miss  # no device pin: it is a device miss even if host has it
-    assert c.turn_admitted(tag) is None
+    assert c.turn_admitted(tag, 100) is None
     assert [p.handle for p in c.host_returned(tag, loaded_tokens=99, device_prefix_tokens=99)] == ["host-p"]
     assert c.host_counters.host_hits == 1 and c.host_counters.host_hit_tokens == 99 and len(c.host_pins) == 0
 
@@ -136,7 +136,7 @@ def test_host_pins_end_on_last_step_abort_idle_and_expiry():
     for pid in "abc":
         first_turn(c, pid)
     clock.advance(1.5)
-    for pin in c.expire(lambda _: False):
+    for pin in c.step(lambda _: False).expired:
         c.offload(pin).pin.handle = f"host-{pin.program_id}"
     assert len(c.host_pins) == 3
     c.turn_arrived(ProgramMeta("a", True))
@@ -144,7 +144,7 @@ def test_host_pins_end_on_last_step_abort_idle_and_expiry():
     assert [p.handle for p in out.release] == ["host-a"]
     assert [p.handle for p in c.turn_aborted(ProgramMeta("b"))] == ["host-b"]
     clock.advance(31.0)
-    assert [p.handle for p in c.expire_host(lambda _: False)] == ["host-c"]
+    assert [p.handle for p in c.step(lambda _: False).host_expired] == ["host-c"]
     assert len(c.host_pins) == 0 and c.host_counters.host_expired == 1
 
 
@@ -152,7 +152,7 @@ def test_no_host_pin_for_programs_that_ended_or_without_a_host_tier():
     c, clock = make()
     first_turn(c, "p")
     clock.advance(1.5)
-    [pin] = c.expire(lambda _: False)
+    [pin] = c.step(lambda _: False).expired
     c.programs.forget("p")
     assert c.offload(pin).pin is None
     plain = ContinuumController(ContinuumSettings(ttl_model="fixed"), clock=ManualClock(), budget_tokens=100)
@@ -164,7 +164,7 @@ def test_shed_while_next_turn_waits_keeps_the_host_copy_until_admission():
     c, clock = make(max_wait_hold_s=5.0)
     pin = first_turn(c, "p")
     c.turn_arrived(ProgramMeta("p", True))  # the next turn is already queued
-    c.pins.pop("p")
+    assert c.shed() is pin
     host = c.offload(pin).pin
     assert host is not None and host.deadline == pytest.approx(5.0)
 
@@ -174,12 +174,12 @@ def test_host_budget_sheds_latest_program_first():
     for pid in ("early", "late"):
         first_turn(c, pid, tokens=600)
     clock.advance(1.5)
-    pins = sorted(c.expire(lambda _: False), key=lambda p: p.program_arrival)
+    pins = sorted(c.step(lambda _: False).expired, key=lambda p: p.arrival_rank)
     early = c.offload(pins[0])
     early.pin.handle = "host-early"
     late = c.offload(pins[1])  # 600 + 600 > 1000: the later program is refused
     assert late.pin is None and [p.program_id for p in c.host_pins] == ["early"]
-    c.host_pins.check()
+    c.host_pins.check_integrity()
 
 
 def test_predictive_reload_is_due_before_the_predicted_return_and_settles():
@@ -189,11 +189,11 @@ def test_predictive_reload_is_due_before_the_predicted_return_and_settles():
     first_turn(c, "p", tokens=500)  # reload takes 0.5 s
     host = offload_after_expiry(c, clock, "p")  # at 1.5 s; return predicted at 6 s
     clock.now = 4.9
-    assert c.due_reloads() == []
+    assert c.step(lambda _: False).reloads == []
     clock.now = 5.0  # 6.0 - (0.5 reload + 0.5 lead)
-    assert c.due_reloads() == [host]
+    assert c.step(lambda _: False).reloads == [host]
     c.reload_started(host)
-    assert c.due_reloads() == []  # each once
+    assert c.step(lambda _: False).reloads == []  # each once
     tag = c.turn_arrived(ProgramMeta("p", True))
     c.host_returned(tag, loaded_tokens=0, device_prefix_tokens=500)
     assert c.host_counters.reloads_started == 1 and c.host_counters.reloads_used == 1
@@ -206,7 +206,7 @@ def test_predictive_reload_wasted_when_the_turn_loads_from_host_anyway():
     first_turn(c, "p", tokens=100)
     host = offload_after_expiry(c, clock, "p")
     clock.now = 10.0
-    assert c.due_reloads() == [host]
+    assert c.step(lambda _: False).reloads == [host]
     c.reload_started(host)
     tag = c.turn_arrived(ProgramMeta("p", True))
     c.host_returned(tag, loaded_tokens=100, device_prefix_tokens=100)  # evicted again meanwhile
@@ -220,4 +220,4 @@ def test_no_predictive_reload_unless_enabled():
     first_turn(c, "p")
     offload_after_expiry(c, clock, "p")
     clock.now = 100.0
-    assert c.due_reloads() == []
+    assert c.step(lambda _: False).reloads == []

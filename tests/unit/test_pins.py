@@ -5,28 +5,27 @@ from hypothesis import strategies as st
 from sglang_continuum.core.pins import Pin, PinTable
 
 
-def pin(pid, tokens=10, deadline=1.0, arrival=0.0):
-    return Pin(program_id=pid, tokens=tokens, deadline=deadline, program_arrival=arrival, created=0.0)
+def pin(pid, tokens=10, deadline=1.0, arrival=0):
+    return Pin(program_id=pid, tokens=tokens, deadline=deadline, arrival_rank=arrival, created=0.0)
 
 
 def test_add_pop_and_token_accounting():
     t = PinTable(100)
-    assert t.add(pin("a", 30)) == []
-    assert t.add(pin("b", 20, arrival=1)) == []
+    assert t.add(pin("a", 30)) == (True, [])
+    assert t.add(pin("b", 20, arrival=1)) == (True, [])
     assert t.pinned_tokens == 50 and len(t) == 2
     got = t.pop("a")
     assert got.program_id == "a" and t.pinned_tokens == 20 and "a" not in t
     assert t.pop("a") is None
-    t.check()
+    t.check_integrity()
 
 
 def test_repinning_a_program_returns_the_old_pin():
     t = PinTable(100)
     old = pin("a", 30)
     t.add(old)
-    released = t.add(pin("a", 40))
-    assert released == [old] and t.pinned_tokens == 40
-    t.check()
+    assert t.add(pin("a", 40)) == (True, [old]) and t.pinned_tokens == 40
+    t.check_integrity()
 
 
 def test_expiry_by_deadline_in_order():
@@ -36,7 +35,7 @@ def test_expiry_by_deadline_in_order():
     assert [p.program_id for p in t.pop_expired(2.0, lambda p: None)] == ["p1", "p2"]
     assert t.next_deadline() == 3.0
     assert t.pop_expired(2.5, lambda p: None) == []
-    t.check()
+    t.check_integrity()
 
 
 def test_expired_pin_held_once_while_program_waits():
@@ -58,24 +57,46 @@ def test_budget_sheds_latest_program_arrival_first():
     t = PinTable(50)
     t.add(pin("early", 20, arrival=1))
     t.add(pin("late", 20, arrival=5))
-    released = t.add(pin("middle", 20, arrival=3))
-    assert [p.program_id for p in released] == ["late"]
+    stored, released = t.add(pin("middle", 20, arrival=3))
+    assert stored and [p.program_id for p in released] == ["late"]
     assert {p.program_id for p in t} == {"early", "middle"}
-    t.check()
+    t.check_integrity()
 
 
 def test_budget_refuses_a_pin_from_the_latest_program():
     t = PinTable(50)
     t.add(pin("early", 40, arrival=1))
     newcomer = pin("latest", 20, arrival=9)
-    assert t.add(newcomer) == [newcomer]
+    assert t.add(newcomer) == (False, [])
     assert "latest" not in t and t.pinned_tokens == 40
+
+
+def test_refusal_is_decided_before_anything_is_shed():
+    """Shedding a later program cannot make room when the rest is held by earlier ones: the
+    newcomer is refused and the later program keeps its pin (nothing lost, nothing idle)."""
+    t = PinTable(100)
+    t.add(pin("early", 70, arrival=1))
+    t.add(pin("late", 20, arrival=9))
+    assert t.add(pin("middle", 40, arrival=5)) == (False, [])
+    assert {p.program_id for p in t} == {"early", "late"} and t.pinned_tokens == 90
+    t.check_integrity()
+
+
+def test_shed_respects_rank_and_keep():
+    t = PinTable(1000)
+    for name, a in (("a", 1), ("b", 5), ("c", 9)):
+        t.add(pin(name, arrival=a))
+    assert t.pop_latest(keep="c").program_id == "b"  # c kept, stepped over
+    assert t.pop_latest(ranked_after=5, keep="c") is None  # only c ranks after 5, and it is kept
+    assert t.pop_latest(ranked_after=5).program_id == "c"
+    assert t.pop_latest(ranked_after=1) is None and len(t) == 1
+    t.check_integrity()
 
 
 def test_pin_larger_than_budget_is_refused():
     t = PinTable(10)
     big = pin("a", 11)
-    assert t.add(big) == [big] and len(t) == 0
+    assert t.add(big) == (False, []) and len(t) == 0
 
 
 def test_shed_order_and_clear():
@@ -93,7 +114,7 @@ def test_heaps_stay_bounded_under_churn():
         t.add(pin("same", deadline=float(i)))
     assert len(t._by_deadline) <= 2 * len(t) + 65
     assert len(t._by_arrival) <= 2 * len(t) + 65
-    t.check()
+    t.check_integrity()
 
 
 def test_negative_budget_rejected():
@@ -125,13 +146,16 @@ def test_table_matches_a_reference_model(budget, ops):
             _, i, tokens, deadline, arrival = op
             p = pin(f"p{i}", tokens, deadline, arrival)
             created.append(p)
-            out = t.add(p)
+            stored, out = t.add(p)
             returned.extend(out)
             for q in out:
-                if live.get(q.program_id) is q:
-                    del live[q.program_id]
-            if p not in out:
+                assert live.get(q.program_id) is q
+                assert q.program_id == p.program_id or q.arrival_rank > p.arrival_rank  # only later programs shed
+                del live[q.program_id]
+            if stored:
                 live[p.program_id] = p
+            else:
+                returned.append(p)
         elif op[0] == "pop":
             q = t.pop(f"p{op[1]}")
             if q is not None:
@@ -147,10 +171,10 @@ def test_table_matches_a_reference_model(budget, ops):
         else:
             q = t.pop_latest()
             if q is not None:
-                assert q.program_arrival == max(p.program_arrival for p in [*live.values()])
+                assert q.arrival_rank == max(p.arrival_rank for p in [*live.values()])
                 del live[q.program_id]
                 returned.append(q)
-        t.check()
+        t.check_integrity()
         assert {p.program_id: p for p in t} == live
         assert t.pinned_tokens <= budget
     returned.extend(t.clear())

@@ -1,41 +1,114 @@
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from sglang_continuum.core.programs import ProgramRegistry
 
 
 def test_tool_return_is_next_arrival_minus_previous_finish():
     r = ProgramRegistry()
-    state, ret = r.turn_arrived("p", 10.0, seq=1)
-    assert ret is None and state.arrival == 10.0 and state.arrival_seq == 1
-    r.turn_finished("p", 12.0, tool="bash")
-    state, ret = r.turn_arrived("p", 13.5, seq=7)
+    state, ret = r.turn_arrived("p", 10.0, rank=1)
+    assert ret is None and state.arrival_rank == 1
+    r.turn_finished("p", 12.0, "bash", 100)
+    state, ret = r.turn_arrived("p", 13.5, rank=7)
     assert ret.tool == "bash" and ret.seconds == 1.5
-    assert state.arrival_seq == 1 and state.turns_arrived == 2  # program keeps its first arrival
+    assert state.arrival_rank == 1 and state.turns_arrived == 2  # program keeps its first arrival
+    r.check_integrity()
 
 
 def test_no_tool_return_without_a_finished_turn_or_after_abort():
     r = ProgramRegistry()
-    r.turn_arrived("p", 0.0, seq=1)
-    r.turn_finished("p", 1.0, tool="t")
-    r.turn_arrived("p", 2.0, seq=2)
+    r.turn_arrived("p", 0.0, rank=1)
+    r.turn_finished("p", 1.0, "t", 10)
+    r.turn_arrived("p", 2.0, rank=2)
     r.turn_aborted("p", 2.5)
-    _, ret = r.turn_arrived("p", 3.0, seq=3)
+    _, ret = r.turn_arrived("p", 3.0, rank=3)
     assert ret is None
 
 
 def test_concurrent_turns_of_one_program():
     r = ProgramRegistry()
-    r.turn_arrived("p", 0.0, seq=1)
-    r.turn_arrived("p", 0.1, seq=2)
+    r.turn_arrived("p", 0.0, rank=1)
+    r.turn_arrived("p", 0.1, rank=2)
     assert r.get("p").in_flight == 2
-    r.turn_finished("p", 1.0, tool="a")
-    r.turn_finished("p", 1.1, tool="b")
+    r.turn_finished("p", 1.0, "a", 10)
+    r.turn_finished("p", 1.1, "b", 12)
     assert r.get("p").in_flight == 0 and r.get("p").turns_finished == 2
+
+
+def test_straggler_after_the_last_step_does_not_bring_the_program_back():
+    """A turn finishing after its program ended must not re-create it with a fresh (earliest)
+    rank: that pin would be shed last and rank first."""
+    r = ProgramRegistry()
+    r.turn_arrived("p", 0.0, rank=5)
+    r.turn_arrived("p", 0.1, rank=6)
+    r.turn_finished("p", 1.0, "t", 10)
+    r.forget("p")  # last step
+    assert r.turn_finished("p", 1.2, "t", 12) is None and "p" not in r
 
 
 def test_idle_programs_are_forgotten_and_size_is_capped():
     r = ProgramRegistry(max_programs=3, idle_timeout_s=10)
     for i in range(5):
-        r.turn_arrived(f"p{i}", float(i), seq=i)
+        r.turn_arrived(f"p{i}", float(i), rank=i)
     assert len(r) == 3 and "p0" not in r and r.forgotten == 2
-    r.turn_arrived("p2", 20.0, seq=9)  # p2 is active again
-    dropped = r.forget_idle(25.0)
-    assert {s.program_id for s in dropped} == {"p3", "p4"} and "p2" in r
+    assert {s.program_id for s in r.drain_forgotten()} == {"p0", "p1"}  # overflow is reported
+    r.turn_arrived("p2", 20.0, rank=9)  # p2 is active again
+    r.forget_idle(25.0)
+    assert {s.program_id for s in r.drain_forgotten()} == {"p3", "p4"} and "p2" in r
+    assert r.drain_forgotten() == []
+    r.check_integrity()
+
+
+def test_working_set_counts_admitted_programs_until_they_go_quiet():
+    r = ProgramRegistry(working_set_window_s=5.0)
+    r.turn_arrived("a", 0.0, rank=1)
+    r.turn_arrived("b", 0.0, rank=2)
+    assert r.working_set_tokens == 0  # nobody admitted yet
+    r.turn_admitted("a", 0.1, 300)
+    r.turn_admitted("b", 0.2, 200)
+    r.turn_finished("a", 1.0, "t", 350)
+    assert (r.working_programs, r.working_set_tokens) == (2, 550)
+    r.turn_finished("b", 2.0, "t", 260)
+    r.forget_idle(6.5)  # a unseen for 5.5 s: out; b seen 4.5 s ago: in
+    assert (r.working_programs, r.working_set_tokens) == (1, 260)
+    r.forget("b")
+    assert (r.working_programs, r.working_set_tokens) == (0, 0)
+    r.check_integrity()
+
+
+ops = st.lists(
+    st.tuples(st.sampled_from(["arrive", "admit", "finish", "abort", "forget", "idle"]), st.integers(0, 5),
+              st.integers(1, 500), st.floats(0, 3)),
+    max_size=60,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=ops)
+def test_registry_invariants_hold_under_any_event_sequence(ops):
+    r = ProgramRegistry(max_programs=4, idle_timeout_s=20.0, working_set_window_s=4.0)
+    now, rank = 0.0, 0
+    for op, i, tokens, dt in ops:
+        now += dt
+        pid = f"p{i}"
+        if op == "arrive":
+            rank += 1
+            r.turn_arrived(pid, now, rank)
+        elif op == "admit":
+            state = r.get(pid)
+            if state is not None and state.turns_admitted < state.turns_arrived:  # each turn once
+                r.turn_admitted(pid, now, tokens)
+        elif op in ("finish", "abort"):
+            state = r.get(pid)
+            if state is None or state.in_flight == 0:  # the engine ends only turns it has
+                continue
+            if op == "finish":
+                r.turn_finished(pid, now, "t", tokens)
+            else:
+                r.turn_aborted(pid, now)
+        elif op == "forget":
+            r.forget(pid)
+        else:
+            r.forget_idle(now)
+        r.drain_forgotten()
+        r.check_integrity()

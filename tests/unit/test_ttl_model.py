@@ -46,7 +46,7 @@ def settings_(**kw):
 
 def model(k=100, coeffs=(0.0, 0.0, 0.0)):
     stats = ToolStats()
-    return CostModelTTL(stats, settings_(cold_start_k=k), PrefillProfile(coeffs)), stats
+    return CostModelTTL(settings_(cold_start_k=k), stats, PrefillProfile(coeffs)), stats
 
 
 @pytest.mark.parametrize("benefit", [0.5, 1.0, 3.0, 50.0])
@@ -142,7 +142,7 @@ def test_prefill_profile_fit_recovers_a_quadratic():
 def test_bernstein_bound_and_fallbacks():
     stats = ToolStats()
     s = ContinuumSettings(ttl_model="bernstein", bernstein_min_samples=5, bernstein_t_default_s=2.0)
-    b = BernsteinTTL(stats, s)
+    b = BernsteinTTL(s, stats)
     assert b.ttl(TTLQuery("x", 1)) == 2.0  # no data: T_default
     for _ in range(20):
         stats.record("x", 1.0)

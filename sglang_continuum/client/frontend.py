@@ -11,7 +11,7 @@ from __future__ import annotations
 from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint, http_request
 from sglang.lang.interpreter import StreamExecutor
 
-from sglang_continuum.client import continuum_custom_params
+from sglang_continuum.client.params import continuum_custom_params
 
 
 def program_id_of(s: StreamExecutor) -> str:
