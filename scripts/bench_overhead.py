@@ -81,7 +81,7 @@ def bench_calc_priority(model_path: str, waiting: int) -> dict:
     out = {}
     for name, policy in (("continuum", ours), ("stock_fcfs", stock)):
         out[name] = timeit(lambda: policy.calc_priority(list(queue)), 50)
-    return {"waiting_requests": len(queue), "pinned_programs": len(cache.continuum.pins), **out}
+    return {"waiting_requests": len(queue), "pinned_programs": len(cache.controller.pins), **out}
 
 
 def bench_expiry(sizes=(100, 1000, 10_000, 100_000)) -> list[dict]:

@@ -124,7 +124,7 @@ class ContinuumRadixCache(UnifiedRadixCache):
             parse = not (tag.meta.tool_name or tag.meta.is_last_step)
             self.finish_turn(tag.meta, req.last_node, context_tokens(req), self.identify_tool(req) if parse else None)
         elif req.finished():  # aborted
-            self._release(self.controller.turn_aborted(tag.meta))
+            self.abort_turn(tag.meta)
         else:  # retracted: it will queue again; its pin (if any) must not hold memory meanwhile
             self._release(self.controller.turn_retracted(tag.meta))
 
@@ -147,13 +147,21 @@ class ContinuumRadixCache(UnifiedRadixCache):
             return
         setattr(req, ADMITTED_ATTR, True)
         tag = get_tag(req)
-        if tag is None:
-            return
-        self._release([self.controller.turn_admitted(tag, len(req.origin_input_ids))])
+        if tag is not None:
+            self.admit_turn(tag, len(req.origin_input_ids), host_loaded=int(getattr(req, "host_loaded_length", 0) or 0),
+                            device_prefix=int(getattr(req, "prefix_len", 0) or 0))
+
+    def admit_turn(self, tag: TurnTag, context_tokens: int, *, host_loaded: int = 0, device_prefix: int = 0) -> None:
+        """The turn holds its own lock on its prefix now: consume its program's pin (and host pin)."""
+        self._release([self.controller.turn_admitted(tag, context_tokens)])
         if self.host_tier is not None:
-            loaded = int(getattr(req, "host_loaded_length", 0) or 0)
-            prefix = int(getattr(req, "prefix_len", 0) or 0)
-            self._release(self.controller.host_returned(tag, loaded, prefix))
+            self._release(self.controller.host_returned(tag, host_loaded, device_prefix))
+
+    def abort_turn(self, meta: ProgramMeta) -> None:
+        self._release(self.controller.turn_aborted(meta))
+
+    def end_program(self, program_id: str) -> None:
+        self._release(self.controller.end_program(program_id))
 
     def step(self, now: float, program_waiting: Callable[[str], bool]) -> bool:
         """Once per scheduler iteration: advance the clock and execute the controller's step plan
@@ -204,14 +212,11 @@ class ContinuumRadixCache(UnifiedRadixCache):
 
     def check_integrity(self) -> None:
         """The controller's invariants plus the engine facts behind them: every device pin's
-        node is still locked in the tree, every host pin's node is backed up on host."""
+        prefix is resident and protected, every host pin's node is backed up on host."""
         self.controller.check_integrity()
         tree = self.tree_core
-        for pin in self.controller.pins:
-            node = tree.node_by_id(pin.handle.node)
-            assert node is not None, f"pinned node of {pin.program_id} is gone"
-            lock_ref = getattr(node, "full_lock_ref", getattr(node, "lock_ref", 1))
-            assert lock_ref > 0, f"pinned node of {pin.program_id} is not locked"
+        for pin in self.controller.pins:  # a locked node is never evicted from the device
+            assert not tree.is_full_device_evicted(pin.handle.node), f"pinned prefix of {pin.program_id} evicted"
         for pin in self.controller.host_pins:
             assert pin.handle is None or tree.is_backuped(pin.handle.node), f"host pin of {pin.program_id} not on host"
         assert self.protected_size() >= (max((p.tokens for p in self.controller.pins), default=0)), "pins unprotected"

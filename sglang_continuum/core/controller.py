@@ -220,6 +220,13 @@ class ContinuumController:
         self.programs.turn_aborted(meta.program_id, self.clock())
         return self._drop_pins(meta.program_id)
 
+    def end_program(self, program_id: str) -> list[Pin]:
+        """The client says the program is over (it may not know its last turn in advance):
+        release what it holds and forget it."""
+        released = self._drop_pins(program_id)
+        self._end_program(self.programs.forget(program_id))
+        return released
+
     def turn_retracted(self, meta: ProgramMeta) -> list[Pin]:
         """Retraction: the turn goes back to the queue; its program's device pin (if any) must
         not hold memory meanwhile. Host copies stay (the turn will want them)."""

@@ -92,13 +92,13 @@ def expired_pin_goes_to_host_and_next_turn_loads_it_back(tiny_model, write_polic
     seen = {}
 
     def tool_call():
-        pin = cache.continuum.pins.get("P")
+        pin = cache.controller.pins.get("P")
         assert pin is not None
         seen["node"] = pin.handle.node
         idle_steps(driver, TTL_S + 0.2)  # the pin expires while the tool runs: offloaded
-        assert "P" not in cache.continuum.pins
-        host = cache.continuum.host_pins.get("P")
-        assert host is not None and cache.continuum.host_counters.offloaded == 1
+        assert "P" not in cache.controller.pins
+        host = cache.controller.host_pins.get("P")
+        assert host is not None and cache.controller.host_counters.offloaded == 1
         cache.writing_check(write_back=True)  # let the backup land
         assert cache.tree_core.is_backuped(seen["node"])
         fill_device(driver, rng)
@@ -108,9 +108,9 @@ def expired_pin_goes_to_host_and_next_turn_loads_it_back(tiny_model, write_polic
     # served from host: loaded back, not recomputed (the last output token's KV never existed)
     assert turn2.host_loaded_length >= len(previous) - 1 - 8
     assert turn2.cached_tokens == len(previous) - 1
-    counters = cache.continuum.host_counters
+    counters = cache.controller.host_counters
     assert counters.host_hits == 1 and counters.host_hit_tokens == turn2.host_loaded_length
-    assert len(cache.continuum.host_pins) == 0  # the last step released the host copy
+    assert len(cache.controller.host_pins) == 0  # the last step released the host copy
     assert_nothing_held(cache)
 
 
@@ -144,19 +144,19 @@ def predictive_reload_brings_the_prefix_back_before_the_tool_returns(tiny_model,
 
     def tool_call():
         start = time.monotonic()
-        seen["node"] = cache.continuum.pins.get("P").handle.node
+        seen["node"] = cache.controller.pins.get("P").handle.node
         idle_steps(driver, TTL_S + 0.1)
         fill_device(driver, rng)
         assert not cache.host_tier.on_device(seen["node"])
-        assert cache.continuum.host_counters.reloads_started == 0
+        assert cache.controller.host_counters.reloads_started == 0
         # reload due TOOL_S - lead (0.3 s) after the turn; the turn comes back at TOOL_S
         idle_steps(driver, max(0.0, TOOL_S - (time.monotonic() - start)))
-        assert cache.continuum.host_counters.reloads_started == 1
+        assert cache.controller.host_counters.reloads_started == 1
         assert cache.host_tier.on_device(seen["node"])
 
     previous, turn2 = program_turns(driver, rng, "P", gap=tool_call)
     assert turn2.host_loaded_length == 0 and turn2.cached_tokens == len(previous) - 1
-    counters = cache.continuum.host_counters
+    counters = cache.controller.host_counters
     assert counters.reloads_used == 1 and counters.reloads_wasted == 0
     assert_nothing_held(cache)
 

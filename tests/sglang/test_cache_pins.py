@@ -32,7 +32,7 @@ def test_pinned_prefix_survives_pressure_that_evicts_an_unpinned_one():
     unpinned = list(range(1001, 1101))
     d.run_turn(ProgramMeta("agent"), pinned)  # non-final turn -> pinned
     d.run_turn(ProgramMeta("other", is_last_step=True), unpinned)  # final turn -> evictable
-    assert cache.continuum.pins.pinned_tokens == 100
+    assert cache.controller.pins.pinned_tokens == 100
     assert d.fill(150) == 150  # needs memory: only the unpinned prefix may go
     assert d.cached_len(pinned) == 100
     assert d.cached_len(unpinned) < 100
@@ -52,7 +52,7 @@ def test_expired_pin_becomes_evictable():
     clock.advance(1.5)
     step(cache, clock)
     assert cache.protected_size() == 0 and cache.evictable_size() == 100
-    assert cache.continuum.counters.expired == 1
+    assert cache.controller.counters.expired == 1
     assert d.fill(256) == 256 and d.cached_len(ctx) == 0
 
 
@@ -61,10 +61,10 @@ def test_allocation_sheds_pins_instead_of_failing():
     d = TurnDriver(cache)
     d.run_turn(ProgramMeta("early"), list(range(1, 121)))
     d.run_turn(ProgramMeta("late"), list(range(2001, 2121)))
-    assert cache.continuum.pins.pinned_tokens == 240
+    assert cache.controller.pins.pinned_tokens == 240
     assert d.fill(100) == 100  # only 16 free: must shed, latest program first
-    assert "early" in cache.continuum.pins and "late" not in cache.continuum.pins
-    assert cache.continuum.counters.shed == 1
+    assert "early" in cache.controller.pins and "late" not in cache.controller.pins
+    assert cache.controller.counters.shed == 1
 
 
 def test_budget_bounds_pins():
@@ -72,7 +72,7 @@ def test_budget_bounds_pins():
     d = TurnDriver(cache)
     d.run_turn(ProgramMeta("a"), list(range(1, 61)))
     d.run_turn(ProgramMeta("b"), list(range(1001, 1061)))  # 120 > 100: b (later) is refused
-    assert set(p.program_id for p in cache.continuum.pins) == {"a"}
+    assert set(p.program_id for p in cache.controller.pins) == {"a"}
     assert cache.protected_size() == 60
 
 
@@ -85,7 +85,7 @@ def test_every_slot_returns_after_all_programs_end():
         for p in ctx:
             ctx[p] = ctx[p] + [rng.randrange(1, 50_000) for _ in range(20)]
             d.run_turn(ProgramMeta(p, is_last_step=(t == 2)), ctx[p])
-    assert len(cache.continuum.pins) == 0 and cache.protected_size() == 0
+    assert len(cache.controller.pins) == 0 and cache.protected_size() == 0
     cache.evict(EvictParams(num_tokens=10**6))
     assert d.allocator.available_size() == 512
 
@@ -127,8 +127,8 @@ def test_random_interleavings_keep_invariants(ops, budget):
             # a request that needs memory is always served if nothing else holds it
             if not held:
                 assert got is not None
-        pins = cache.continuum.pins
-        pins.check()
+        pins = cache.controller.pins
+        cache.check_integrity()
         assert pins.pinned_tokens <= pins.budget_tokens
         for pin in pins:  # a live pin's prefix is resident
             assert d.cached_len(ctx[int(pin.program_id[1:])][: pin.tokens]) == pin.tokens
@@ -137,6 +137,6 @@ def test_random_interleavings_keep_invariants(ops, budget):
         held.clear()
     for p in list(ctx):
         d.run_turn(ProgramMeta(f"p{p}", is_last_step=True), ctx[p])
-    assert len(cache.continuum.pins) == 0 and cache.protected_size() == 0
+    assert len(cache.controller.pins) == 0 and cache.protected_size() == 0
     cache.evict(EvictParams(num_tokens=10**6))
     assert d.allocator.available_size() == size

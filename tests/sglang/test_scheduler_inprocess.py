@@ -55,9 +55,8 @@ def meta(pid, tool=None, last=False):
 
 def drain_pins(driver):
     cache = driver.s.tree_cache
-    for pin in cache.continuum.pins:
-        cache.continuum.pins.pop(pin.program_id)
-        cache._release([pin])
+    for pin in cache.controller.pins:
+        cache.end_program(pin.program_id)
 
 
 def test_plugin_objects_are_installed(driver):
@@ -75,7 +74,7 @@ def test_second_turn_hits_whole_context_after_pool_was_filled(driver):
     r1 = driver.submit(ctx, max_new_tokens=8, custom_params=meta("agent-1", "fast"))
     driver.run_until_idle()
     cache = driver.s.tree_cache
-    assert cache.continuum.pins.get("agent-1") is not None
+    assert cache.controller.pins.get("agent-1") is not None
     # other programs fill the pool during the tool gap
     fillers = [tokens(rng, 250) for _ in range(4)]
     for f in fillers:
@@ -91,7 +90,7 @@ def test_second_turn_hits_whole_context_after_pool_was_filled(driver):
     driver.run_until_idle()
     # the last output token's KV is never computed, so the reusable context is one shorter
     assert driver.req(r2).cached_tokens == len(previous) - 1
-    assert cache.continuum.counters.hits >= 1 and "agent-1" not in cache.continuum.pins
+    assert cache.controller.counters.hits >= 1 and "agent-1" not in cache.controller.pins
 
 
 def test_slow_tool_is_not_pinned_and_its_prefix_is_lost_under_pressure(driver):
@@ -100,8 +99,8 @@ def test_slow_tool_is_not_pinned_and_its_prefix_is_lost_under_pressure(driver):
     driver.submit(ctx, max_new_tokens=8, custom_params=meta("agent-slow", "slow"))
     driver.run_until_idle()
     cache = driver.s.tree_cache
-    assert cache.continuum.pins.get("agent-slow") is None
-    assert cache.continuum.ttl_model.last.ttl == 0.0 and cache.continuum.ttl_model.last.source == "tool"
+    assert cache.controller.pins.get("agent-slow") is None
+    assert cache.controller.ttl_model.last.ttl == 0.0 and cache.controller.ttl_model.last.source == "tool"
     for _ in range(4):
         driver.submit(tokens(rng, 250), max_new_tokens=4)
     driver.run_until_idle()
@@ -116,7 +115,7 @@ def test_waiting_queue_is_program_fcfs(driver):
     pinned_ctx = tokens(rng, 60)
     a1 = driver.submit(pinned_ctx, max_new_tokens=4, custom_params=meta("A", "fast"))
     driver.run_until_idle()
-    assert "A" in driver.s.tree_cache.continuum.pins
+    assert "A" in driver.s.tree_cache.controller.pins
     # Arrival order: E1, F1, X (no program), E2 (second request of E), A2 (A's next turn).
     e1 = driver.submit(tokens(rng, 30), custom_params=meta("E"))
     f1 = driver.submit(tokens(rng, 30), custom_params=meta("F"))
@@ -124,10 +123,14 @@ def test_waiting_queue_is_program_fcfs(driver):
     e2 = driver.submit(tokens(rng, 30), custom_params=meta("E"))
     a2 = driver.submit(pinned_ctx + driver.output_ids(a1) + tokens(rng, 5), custom_params=meta("A", last=True))
     r = driver.submit(tokens(rng, 30))
-    driver.req(r).is_retracted = True  # a preempted request (engine flag) goes before everyone
+    # A preempted request (engine flag) goes before everyone. SGLang sets the flag only on a
+    # request it re-queues (which marks the order stale); flipping it in place needs mark_stale.
+    driver.req(r).is_retracted = True
+    driver.s.policy.mark_stale()
     driver.s.policy.calc_priority(driver.s.waiting_queue, driver.s.running_batch)
     assert [q.rid for q in driver.s.waiting_queue] == [r, a2, e1, e2, f1, x]
     driver.req(r).is_retracted = False  # no longer preempted: it queues by its own arrival
+    driver.s.policy.mark_stale()
     start = len(driver.admitted)
     driver.run_until_idle()
     assert driver.admitted[start:] == [a2, e1, e2, f1, x, r]

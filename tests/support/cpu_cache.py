@@ -67,18 +67,24 @@ class TurnDriver:
     def run_turn(self, meta: ProgramMeta, tokens: list[int], tool: Optional[str] = None) -> Optional[TurnResult]:
         """Serve one turn whose whole context is ``tokens``; None if memory could not be had."""
         c = self.cache
+        continuum = isinstance(c, ContinuumRadixCache)
+        tag = c.controller.turn_arrived(meta) if continuum else None
         m = c.match_prefix(MatchPrefixParams(key=key(tokens)))
         cached = m.device_prefix_len
         lock = c.lock(m.last_device_node)
+        if continuum:
+            c.admit_turn(tag, len(tokens), device_prefix=cached)
         new = self.alloc(len(tokens) - cached)
         if new is None:
             c.unlock(lock)
+            if continuum:
+                c.abort_turn(meta)
             return None
         value = torch.cat([c.path_device_indices(m.last_device_node)[:cached].to(torch.int64), new.to(torch.int64)])
         res = c.insert(InsertParams(key=key(tokens), value=value, prev_prefix_len=cached))
         c.unlock(lock)
         node = res.last_device_node
-        if isinstance(c, ContinuumRadixCache):
+        if continuum:
             c.finish_turn(meta, node, len(tokens), tool)
         return TurnResult(cached, len(tokens), node)
 
