@@ -161,3 +161,39 @@ def test_all_kv_returns_after_programs_end(driver):
 
     cache.evict(EvictParams(num_tokens=10**6))
     assert cache.token_to_kv_pool_allocator.available_size() == cache.token_to_kv_pool_allocator.size
+
+
+def test_blocked_turn_of_an_earlier_program_sheds_a_later_programs_pin_while_a_decode_runs(driver):
+    """Work-conserving pins: the queue head (program E, arrived first) needs memory that a later
+    program's pin (L) holds while a long decode (X) runs. It is admitted in the step it is first
+    considered, by shedding L's pin -- not after X finishes. A turn of a program that arrived
+    after L (N) may not shed L's pin."""
+    rng = random.Random(7)
+    drain_pins(driver)
+    cache = driver.s.tree_cache
+    driver.submit(tokens(rng, 30), max_new_tokens=4, custom_params=meta("E", "slow"))  # E first; no pin
+    driver.run_until_idle()
+    driver.submit(tokens(rng, 500), max_new_tokens=8, custom_params=meta("L", "fast"))  # pinned for 20 s
+    driver.run_until_idle()
+    assert "L" in cache.controller.pins and "E" not in cache.controller.pins
+    x = driver.submit(tokens(rng, 50), max_new_tokens=300)  # a long decode
+    for _ in range(3):
+        driver.step()
+    assert not driver.req(x).finished()
+    allocator = cache.token_to_kv_pool_allocator
+    assert allocator.available_size() + cache.evictable_size() < 520, "no pressure: the test cannot fail"
+
+    n = driver.submit(tokens(rng, 520), max_new_tokens=4, custom_params=meta("N"))  # ranks after L
+    for _ in range(3):
+        driver.step()
+    assert n not in driver.admitted and "L" in cache.controller.pins  # a later program waits for L
+    sheds = cache.controller.admission.admission_sheds
+
+    e2 = driver.submit(tokens(rng, 520), max_new_tokens=4, custom_params=meta("E", last=True))
+    driver.step()
+    assert e2 in driver.admitted and not driver.req(x).finished()  # admitted while X decodes
+    assert "L" not in cache.controller.pins and cache.controller.admission.admission_sheds > sheds
+    driver.run_until_idle()
+    assert driver.req(n).finished() and driver.req(x).finished()
+    cache.end_program("N")
+    cache.check_integrity()
