@@ -5,7 +5,7 @@ For each choice it prints the classes, their sizes and duration spread, and the 
 within-class standard deviation of tool time (lower = a class predicts its duration better, which
 is what the per-tool CDF in the TTL model needs).
 
-    python scripts/analyze_tool_classes.py ../shared/data/swe_smith_5_trajectories_with_tool_times.json
+    python scripts/analyze_tool_classes.py tests/data/swe_smith_5_trajectories_with_tool_times.json
 """
 
 from __future__ import annotations
@@ -50,4 +50,4 @@ def main(path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "../shared/data/swe_smith_5_trajectories_with_tool_times.json")
+    main(sys.argv[1] if len(sys.argv) > 1 else "tests/data/swe_smith_5_trajectories_with_tool_times.json")

@@ -6,7 +6,7 @@ Tool times come from ``execution_time_seconds``; tools are classed as the server
 125 calls, the default K is 100) the chain uses each tool's own CDF once it has more than 10
 samples and the global CDF otherwise. Printed for three benefits B = T*eta + PrefillReload.
 
-    python scripts/ttl_worked_example.py [../shared/data/swe_smith_5_trajectories_with_tool_times.json]
+    python scripts/ttl_worked_example.py [tests/data/swe_smith_5_trajectories_with_tool_times.json]
 """
 
 from __future__ import annotations
@@ -46,4 +46,4 @@ def main(path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "../shared/data/swe_smith_5_trajectories_with_tool_times.json"))
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "tests/data/swe_smith_5_trajectories_with_tool_times.json"))

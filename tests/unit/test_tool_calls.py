@@ -5,8 +5,7 @@ import pytest
 
 from sglang_continuum.core.tool_calls import first_executable, from_openai_tool_calls, from_text, identify_tool
 
-# The project's shared data sits beside the checkout (as in CI): ../shared/data
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "swe_smith_5_trajectories_with_tool_times.json"
+DATA = Path(__file__).resolve().parents[1] / "data" / "swe_smith_5_trajectories_with_tool_times.json"  # see tests/data/README.md
 
 
 def trajectories():

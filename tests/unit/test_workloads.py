@@ -8,7 +8,7 @@ from sglang_continuum.workloads.generate import SPECS, generate, summary
 from sglang_continuum.workloads.importer import import_files, messages_to_program
 from sglang_continuum.workloads.schema import WorkloadError, dump_workload, load_workload, parse_workload
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "swe_smith_5_trajectories_with_tool_times.json"
+DATA = Path(__file__).resolve().parents[1] / "data" / "swe_smith_5_trajectories_with_tool_times.json"  # see tests/data/README.md
 GOOD = {"program_id": "p", "turns": [{"append_tokens": 10, "output_tokens": 2, "tool": "ls", "tool_duration_s": 0.5},
                                      {"append_tokens": 3, "output_tokens": 2}]}
 
