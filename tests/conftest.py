@@ -7,6 +7,9 @@ ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL = ROOT / ".models" / "tiny-llama"
 
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+# Servers started by the tests check every Continuum invariant while idle (a violation crashes
+# the scheduler, which fails the test).
+os.environ.setdefault("SGLANG_CONTINUUM_CHECK_INTEGRITY", "1")
 
 
 @pytest.fixture(scope="session")

@@ -196,8 +196,13 @@ def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
         cache.publish_metrics(scheduler.waiting_queue)
         return plan
 
+    next_check = 0.0
+
     def _on_idle():
-        if cache.settings.check_integrity and scheduler.is_fully_idle():
+        nonlocal next_check
+        cache.publish_metrics(scheduler.waiting_queue)  # the last step's changes reach /metrics
+        if cache.settings.check_integrity and cache.step_clock.read_source() >= next_check and scheduler.is_fully_idle():
+            next_check = cache.step_clock.read_source() + 1.0  # the idle loop spins: once a second is plenty
             cache.check_integrity()
         return on_idle()
 

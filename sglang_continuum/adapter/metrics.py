@@ -33,7 +33,7 @@ class ContinuumMetrics:
     def __init__(self, tp_rank: int = 0) -> None:
         self._labels = {"tp_rank": str(tp_rank)}
         self._metrics: dict[str, object] = {}
-        self._last: dict[str, float] = {}  # counters' values at the last update (counters only go up)
+        self._last: dict[str, float] = {}  # values at the last update (only changes are written)
         self._add(s for s in SERIES if not s.host_only)
 
     def add_host_series(self) -> None:
@@ -64,7 +64,9 @@ class ContinuumMetrics:
         for source, metric in self._metrics.items():
             group, _, name = source.partition(".")
             if group == "gauge":
-                metric.set(gauges[name])
+                if self._last.get(source) != gauges[name]:
+                    metric.set(gauges[name])
+                    self._last[source] = gauges[name]
             elif group in groups:
                 value = getattr(groups[group], name, 0) if groups[group] is not None else 0
                 delta = value - self._last.get(source, 0)

@@ -1,7 +1,7 @@
 """Entry point (group ``sglang.srt.plugins``): makes ``--schedule-policy continuum`` exist.
 
 SGLang calls ``register()`` in the launcher and first thing in every spawned scheduler,
-detokenizer and DP-controller process. It registers three hooks that each check the selected
+detokenizer and DP-controller process. It registers hooks that each check the selected
 policy when they run, so any other policy leaves SGLang exactly as it was:
 
 * ``create_unified_radix_cache`` (AROUND): builds ``ContinuumRadixCache`` instead of the default.
@@ -13,6 +13,9 @@ policy when they run, so any other policy leaves SGLang exactly as it was:
   as an obscure error later, or not at all. With a ``stats_path`` it also makes the launcher's
   shutdown stop the scheduler processes with SIGTERM (they save their statistics on it) before
   SGLang's ``kill_process_tree`` SIGKILLs them.
+
+* ``TokenizerManager._validate_one_request`` (BEFORE): rejects out-of-vocabulary token ids with
+  a 400 instead of letting them crash the scheduler.
 
 The ``continuum`` choice is added last, only once everything else registered.
 """
@@ -32,6 +35,7 @@ logger = logging.getLogger(__name__)
 CACHE_FACTORY = "sglang.srt.mem_cache.registry.create_unified_radix_cache"
 INIT_POLICY = "sglang.srt.managers.scheduler.Scheduler.init_schedule_policy"
 RESOLVE_ARGS = "sglang.srt.server_args.ServerArgs.resolve_once"
+VALIDATE_REQUEST = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
 
 _originals: dict[str, object] = {}
 
@@ -66,6 +70,18 @@ def _around_init_schedule_policy(original, scheduler, *args, **kwargs):
         scheduler.schedule_policy = POLICY_NAME
     scheduler.policy = binding.install(scheduler)
     return result
+
+
+def _before_validate_request(manager, obj, input_ids, *args, **kwargs):
+    """Reject token ids outside the vocabulary with a 400 (SGLang 0.5.23 otherwise crashes the
+    scheduler in the embedding lookup, losing every request in flight)."""
+    if input_ids and _policy_of(manager.server_args) == POLICY_NAME:
+        vocab = manager.model_config.vocab_size
+        low, high = min(input_ids), max(input_ids)
+        if low < 0 or high >= vocab:
+            bad = low if low < 0 else high
+            raise ValueError(f"input_ids contains out-of-vocabulary token id {bad}; valid range is [0, {vocab}).")
+    return None
 
 
 def _after_resolve(result, server_args, *args, **kwargs):
@@ -148,6 +164,7 @@ def register() -> None:
         (CACHE_FACTORY, _around_create_cache, HookType.AROUND),
         (INIT_POLICY, _around_init_schedule_policy, HookType.AROUND),
         (RESOLVE_ARGS, _after_resolve, HookType.AFTER),
+        (VALIDATE_REQUEST, _before_validate_request, HookType.BEFORE),
     ):
         _originals.setdefault(target, _resolve(target))
         HookRegistry.register(target, hook, kind)

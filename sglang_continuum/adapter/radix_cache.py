@@ -40,7 +40,7 @@ from sglang_continuum.core.settings import ContinuumSettings
 logger = logging.getLogger(__name__)
 
 ADMITTED_ATTR = "_continuum_admitted"
-METRICS_INTERVAL_S = 0.5  # gauges are published at most this often (the scrape interval is seconds)
+METRICS_INTERVAL_S = 0.5  # queue-scanning gauges are recomputed at most this often
 
 # Identifies the tool a finished turn called: (req) -> tool name or None. Set by the binding.
 ToolIdentifier = Callable[[Req], Optional[str]]
@@ -72,6 +72,8 @@ class ContinuumRadixCache(UnifiedRadixCache):
             tp_rank = dist.get_rank(group=params.tp_cache_group)
         self.metrics: Optional[ContinuumMetrics] = ContinuumMetrics(tp_rank=tp_rank) if params.enable_metrics else None
         self._next_metrics = 0.0
+        self._oldest_wait = 0.0
+        self._held_back = 0
         self.identify_tool: ToolIdentifier = lambda req: None
         self.saver: Optional[StatsSaver] = None
         if self.settings.stats_path:
@@ -176,17 +178,19 @@ class ContinuumRadixCache(UnifiedRadixCache):
         return freed
 
     def publish_metrics(self, waiting_queue) -> None:
-        """Refresh the Prometheus series, at most every ``METRICS_INTERVAL_S``."""
-        now = self.step_clock()
-        if self.metrics is None or now < self._next_metrics:
+        """Refresh the Prometheus series (only values that changed are written). The two
+        gauges that scan the waiting queue are recomputed at most every ``METRICS_INTERVAL_S``."""
+        if self.metrics is None:
             return
-        self._next_metrics = now + METRICS_INTERVAL_S
-        arrivals = [tag.arrival for tag in map(get_tag, waiting_queue) if tag is not None]
-        oldest = now - min(arrivals) if arrivals else 0.0
-        held = sum(1 for tag in map(get_tag, waiting_queue) if tag is not None and tag.held_back
-                   and (state := self.controller.programs.get(tag.meta.program_id)) is not None
-                   and state.turns_admitted == 0)
-        self.metrics.update(self.controller, self.saver, held_back=held, oldest_wait_s=oldest)
+        now = self.step_clock()
+        if now >= self._next_metrics:
+            self._next_metrics = now + METRICS_INTERVAL_S
+            tags = [tag for tag in map(get_tag, waiting_queue) if tag is not None]
+            self._oldest_wait = now - min(tag.arrival for tag in tags) if tags else 0.0
+            programs = self.controller.programs
+            self._held_back = sum(1 for tag in tags if tag.held_back and (state := programs.get(tag.meta.program_id))
+                                  is not None and state.turns_admitted == 0)
+        self.metrics.update(self.controller, self.saver, held_back=self._held_back, oldest_wait_s=self._oldest_wait)
 
     def shed_for(self, tag: Optional[TurnTag], *, tokens: int, any_rank: bool = False) -> int:
         """Shed pins (latest program first) worth at least ``tokens`` for the blocked turn

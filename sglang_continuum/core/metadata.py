@@ -62,6 +62,8 @@ def _read_program_id(value: Any) -> Optional[str]:
         raise _Malformed("program id is empty")
     if len(text) > MAX_PROGRAM_ID_LEN:
         raise _Malformed(f"program id longer than {MAX_PROGRAM_ID_LEN} characters")
+    if not text.isprintable():  # newlines would forge log lines; ESC and NUL reach terminals
+        raise _Malformed(f"program id contains control characters: {text[:40]!r}")
     return text
 
 
@@ -80,8 +82,8 @@ def _read_bool(value: Any) -> bool:
 def _read_tool_name(value: Any) -> Optional[str]:
     if value is None:
         return None
-    if not isinstance(value, str) or not value.strip():
-        raise _Malformed(f"tool name must be a non-empty string, got {value!r}"[:200])
+    if not isinstance(value, str) or not value.strip() or not value.strip().isprintable():
+        raise _Malformed(f"tool name must be a non-empty printable string, got {value!r}"[:200])
     return value.strip()[:MAX_TOOL_NAME_LEN]
 
 

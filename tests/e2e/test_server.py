@@ -57,12 +57,12 @@ def test_second_turn_hits_under_continuum_and_misses_under_fcfs(continuum_server
 
 
 def test_metrics_expose_every_pin_series(continuum_server):
+    from sglang_continuum.core.series import SERIES
+
     names = parse_metrics(continuum_server.metrics())
-    for series in (
-        "pinned_programs", "pinned_tokens", "pin_budget_tokens", "pin_hits_total", "pin_expiries_total",
-        "pin_sheds_total", "pins_created_total", "ttl_seconds_count",
-    ):
-        assert f"sglang:continuum_{series}" in names, series
+    for series in SERIES:  # every series of the one table, under the name the table gives it
+        if not series.host_only:
+            assert series.name + ("_count" if series.kind == "histogram" else "") in names, series.name
     assert names["sglang:continuum_pin_budget_tokens"] == POOL // 2
 
 
@@ -118,3 +118,38 @@ def test_frontend_program_carries_its_program_id(continuum_server):
     final = parse_metrics(continuum_server.metrics())
     assert final["sglang:continuum_pin_hits_total"] - before["sglang:continuum_pin_hits_total"] == 2
     assert final["sglang:continuum_pinned_programs"] == 0
+
+
+@pytest.mark.parametrize("ids", [[999_999], [-1, 5]], ids=["too-large", "negative"])
+def test_out_of_vocabulary_token_ids_get_a_400_and_the_server_lives(continuum_server, ids):
+    r = httpx.post(continuum_server.url + "/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": 2}},
+                   timeout=60)
+    assert r.status_code == 400 and "out-of-vocabulary" in r.text
+    assert httpx.get(continuum_server.url + "/health", timeout=10).status_code == 200
+    ok = httpx.post(continuum_server.url + "/generate", json={"text": text(5, 1), "sampling_params": {"max_new_tokens": 2}},
+                    timeout=60)
+    assert ok.status_code == 200
+
+
+def test_control_characters_in_a_program_id_forge_no_log_line(continuum_server):
+    sp = {"max_new_tokens": 2, "custom_params": {"program_id": "x\nFAKE LOG LINE \x1b[31m"}}
+    assert httpx.post(continuum_server.url + "/generate", json={"text": text(5, 2), "sampling_params": sp},
+                      timeout=60).status_code == 200
+    log = continuum_server.log_path.read_text(errors="replace")
+    assert not any(line.startswith("FAKE LOG LINE") for line in log.splitlines())
+    assert "\x1b[31m" not in log
+
+
+def test_flush_cache_with_live_pins_is_counted(continuum_server):
+    for i in range(3):  # live pins: first turns of programs whose tools never return
+        sp = {"max_new_tokens": 2, "ignore_eos": True, "custom_params": {"program_id": f"flush-{i}"}}
+        assert httpx.post(continuum_server.url + "/generate", json={"text": text(20, 30 + i), "sampling_params": sp},
+                          timeout=60).status_code == 200
+    m = parse_metrics(continuum_server.metrics())
+    assert m["sglang:continuum_pinned_programs"] >= 3
+    assert httpx.post(continuum_server.url + "/flush_cache", timeout=60).status_code == 200
+    m = parse_metrics(continuum_server.metrics())
+    ended = sum(m.get(f"sglang:continuum_{k}_total", 0.0) for k in
+                ("pin_hits", "pin_expiries", "pin_sheds", "pin_releases", "pins_flushed"))
+    assert m["sglang:continuum_pins_flushed_total"] >= 3 and m["sglang:continuum_pinned_programs"] == 0
+    assert m["sglang:continuum_pins_created_total"] == ended  # every pin ever created is accounted for

@@ -48,3 +48,12 @@ def test_reporter_memory_is_bounded():
     for i in range(100):
         rep(f"p{i}", "bad")
     assert len(rep._seen) == 8
+
+
+@pytest.mark.parametrize("pid", ["a\nFAKE LOG LINE", "esc\x1b[31m", "nul\x00", "tab\tid"])
+def test_program_ids_with_control_characters_are_rejected_not_logged_raw(pid):
+    problems = []
+    meta = parse_program_meta({"program_id": pid}, None, lambda p, problem: problems.append((p, problem)))
+    assert meta == NO_PROGRAM  # served as under fcfs
+    assert problems and problems[0][0] is None
+    assert "\n" not in problems[0][1] and "\x1b" not in problems[0][1] and "\x00" not in problems[0][1]
