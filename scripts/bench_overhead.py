@@ -2,10 +2,13 @@
 """Per-step scheduler overhead of Continuum (a benchmark, not a test).
 
 Measures, on this machine:
-1. ``calc_priority`` on 1,000 waiting real SGLang ``Req`` objects (ContinuumSchedulePolicy vs
-   SGLang's stock FCFS policy on the same queue and the same real cache);
-2. the per-step expiry check with 100 ... 100,000 live pins (nothing due, and 1% due);
-3. one TTL decision of the cost model with 100, 10,000 and 100,000 samples.
+1. ``calc_priority`` on 1,000 waiting real SGLang ``Req`` objects with 10,000 live pins
+   (ContinuumSchedulePolicy vs SGLang's stock FCFS policy on the same queue and the same real
+   cache): in a step where nothing changed the order (the common case), after an arrival, and
+   after a pin change -- the added cost per step is ours minus stock;
+2. the controller's per-step work with 100 ... 100,000 live pins (nothing due, and 1% due);
+3. one TTL decision of the cost model with 100, 10,000 and 100,000 samples;
+4. the out-of-vocabulary check on a request's token ids (1k ... 128k tokens).
 
     python scripts/bench_overhead.py --out docs/results/overhead-cpu.json
 """
@@ -18,13 +21,11 @@ import os
 import platform
 import random
 import statistics
-import sys
 import time
 from array import array
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 
 
@@ -38,7 +39,7 @@ def timeit(fn, repeat: int) -> dict:
     return {"median_us": statistics.median(xs) * 1e6, "p90_us": xs[int(0.9 * (len(xs) - 1))] * 1e6, "n": repeat}
 
 
-def bench_calc_priority(model_path: str, waiting: int) -> dict:
+def bench_calc_priority(model_path: str, waiting: int, pins: int) -> dict:
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.managers.schedule_policy import SchedulePolicy
     from sglang.srt.plugins import load_plugins
@@ -48,7 +49,7 @@ def bench_calc_priority(model_path: str, waiting: int) -> dict:
 
     from sglang_continuum.adapter.schedule_policy import ContinuumSchedulePolicy
     from sglang_continuum.core.settings import ContinuumSettings
-    from tests.support.cpu_cache import TurnDriver, make_cache
+    from sglang_continuum.tools.cpu_cache import TurnDriver, make_cache
     from sglang_continuum.core.metadata import ProgramMeta
 
     load_plugins()
@@ -57,12 +58,14 @@ def bench_calc_priority(model_path: str, waiting: int) -> dict:
     publish(args, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
 
     rng = random.Random(0)
-    cache = make_cache(65536, settings=ContinuumSettings(ttl_model="fixed", fixed_ttl_s=1e6, pin_budget_fraction=1.0))
+    cache = make_cache(131072, settings=ContinuumSettings(ttl_model="fixed", fixed_ttl_s=1e6, pin_budget_fraction=1.0))
     driver = TurnDriver(cache)
     programs = [f"p{i}" for i in range(waiting // 5)]
     contexts = {p: [rng.randrange(5, 500) for _ in range(40)] for p in programs}
-    for p in programs[: len(programs) // 4]:  # a quarter of the programs hold pins
+    for p in programs[: len(programs) // 4]:  # a quarter of the queue's programs hold pins
         driver.run_turn(ProgramMeta(p), contexts[p])
+    for i in range(pins - len(cache.controller.pins)):  # programs out on tools, holding pins
+        driver.run_turn(ProgramMeta(f"idle{i}"), [10_000 + i, 7, 8, 9])
 
     def make_queue():
         q = []
@@ -77,11 +80,42 @@ def bench_calc_priority(model_path: str, waiting: int) -> dict:
     ours = ContinuumSchedulePolicy(cache, False, False, False)
     stock = SchedulePolicy("fcfs", cache, False, False, False)
     queue = make_queue()
-    ours.calc_priority(list(queue))  # tag once (arrival happens once per request in serving)
-    out = {}
-    for name, policy in (("continuum", ours), ("stock_fcfs", stock)):
-        out[name] = timeit(lambda: policy.calc_priority(list(queue)), 50)
-    return {"waiting_requests": len(queue), "pinned_programs": len(cache.controller.pins), **out}
+    ours.calc_priority(queue)  # tag once (arrival happens once per request in serving) and sort
+    out = {"stock_fcfs": timeit(lambda: stock.calc_priority(queue), 50)}
+    out["continuum_unchanged"] = timeit(lambda: ours.calc_priority(queue), 50)
+
+    def after_arrival():
+        ours.mark_stale()  # what the enqueue hook does
+        ours.calc_priority(queue)
+
+    out["continuum_after_arrival"] = timeit(after_arrival, 50)
+    victims = iter([pin.program_id for pin in cache.controller.pins])
+
+    def after_pin_change():
+        cache.end_program(next(victims))  # a pin goes away: waiting turns' keys may change
+        ours.calc_priority(queue)
+
+    out["continuum_after_pin_change"] = timeit(after_pin_change, 50)
+    stock_us = out["stock_fcfs"]["median_us"]
+    return {"waiting_requests": len(queue), "pinned_programs": len(cache.controller.pins),
+            "added_us_unchanged": out["continuum_unchanged"]["median_us"] - stock_us,
+            "added_us_after_arrival": out["continuum_after_arrival"]["median_us"] - stock_us, **out}
+
+
+def bench_vocab_check(sizes=(1_000, 32_000, 128_000)) -> list[dict]:
+    from types import SimpleNamespace
+
+    from sglang_continuum.adapter.plugin import _before_validate_request
+
+    manager = SimpleNamespace(server_args=SimpleNamespace(schedule_policy="continuum"),
+                              model_config=SimpleNamespace(vocab_size=128_256))
+    rows = []
+    for n in sizes:
+        ids = [random.randrange(0, 128_256) for _ in range(n)]
+        by_text = SimpleNamespace(input_ids=None)  # the tokenizer made the ids: nothing to check
+        rows.append({"tokens": n, "input_ids_request": timeit(lambda: _before_validate_request(manager, SimpleNamespace(
+            input_ids=ids), ids), 200), "text_request": timeit(lambda: _before_validate_request(manager, by_text, ids), 200)})
+    return rows
 
 
 def bench_expiry(sizes=(100, 1000, 10_000, 100_000)) -> list[dict]:
@@ -101,12 +135,12 @@ def bench_expiry(sizes=(100, 1000, 10_000, 100_000)) -> list[dict]:
             c.turn_arrived(meta)
             clock.advance(1000.0 / n)
             c.turn_finished(meta, context_tokens=100, handle=i)
-        nothing_due = timeit(lambda: c.expire(lambda pid: False), 2000)
+        nothing_due = timeit(lambda: c.step(lambda pid: False), 2000)
         clock.now = 1000.0  # first pins are due now; then advance by 1% of pins per step
         step = 10.0  # 1% of the 1000 s spread
         def one_percent():
             clock.advance(step)
-            c.expire(lambda pid: False)
+            c.step(lambda pid: False)
         due = timeit(one_percent, 50)
         rows.append({"pins": n, "nothing_due": nothing_due, "one_percent_due": due, "pins_per_step": n // 100})
     return rows
@@ -150,13 +184,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=str(ROOT / ".models" / "tiny-llama"))
     ap.add_argument("--waiting", type=int, default=1000)
+    ap.add_argument("--pins", type=int, default=10_000)
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "overhead-cpu.json")
     args = ap.parse_args()
     report = {
         "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "ttl_decision": bench_ttl_decision(),
         "expiry": bench_expiry(),
-        "calc_priority": bench_calc_priority(args.model, args.waiting),
+        "vocab_check": bench_vocab_check(),
+        "calc_priority": bench_calc_priority(args.model, args.waiting, args.pins),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
@@ -165,16 +201,23 @@ def main() -> int:
         print(f"  {r['samples']:>7} samples: {r['decision']['median_us']:8.1f} us median, "
               f"{r['decision']['p90_us']:8.1f} us p90; host TTL {r['host_ttl_decision']['median_us']:8.1f} us; "
               f"record a sample {r['record_sample_us']:.1f} us")
-    print("Expiry per scheduler step:")
+    print("Out-of-vocabulary check per request:")
+    for r in report["vocab_check"]:
+        print(f"  {r['tokens']:>7} tokens: {r['input_ids_request']['median_us']:8.1f} us for an input_ids request, "
+              f"{r['text_request']['median_us']:6.2f} us for a text request")
+    print("Controller step (expiry) per scheduler step:")
     for r in report["expiry"]:
         print(f"  {r['pins']:>7} pins: {r['nothing_due']['median_us']:7.2f} us (none due), "
               f"{r['one_percent_due']['median_us']:9.1f} us ({r['pins_per_step']} due)")
     cp = report["calc_priority"]
-    print(f"calc_priority, {cp['waiting_requests']} waiting ({cp['pinned_programs']} pinned programs): "
-          f"continuum {cp['continuum']['median_us'] / 1000:.2f} ms, stock fcfs {cp['stock_fcfs']['median_us'] / 1000:.2f} ms")
+    print(f"calc_priority, {cp['waiting_requests']} waiting, {cp['pinned_programs']} pins: stock fcfs "
+          f"{cp['stock_fcfs']['median_us'] / 1000:.3f} ms; continuum {cp['continuum_unchanged']['median_us'] / 1000:.3f} ms "
+          f"when nothing changed (added {cp['added_us_unchanged'] / 1000:.3f} ms), "
+          f"{cp['continuum_after_arrival']['median_us'] / 1000:.3f} ms after an arrival, "
+          f"{cp['continuum_after_pin_change']['median_us'] / 1000:.3f} ms after a pin change")
     print(f"report: {args.out}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

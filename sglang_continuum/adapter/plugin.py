@@ -75,7 +75,8 @@ def _around_init_schedule_policy(original, scheduler, *args, **kwargs):
 def _before_validate_request(manager, obj, input_ids, *args, **kwargs):
     """Reject token ids outside the vocabulary with a 400 (SGLang 0.5.23 otherwise crashes the
     scheduler in the embedding lookup, losing every request in flight)."""
-    if input_ids and _policy_of(manager.server_args) == POLICY_NAME:
+    # only ids the client sent: the server's own tokenizer never produces out-of-vocabulary ids
+    if input_ids and getattr(obj, "input_ids", None) is not None and _policy_of(manager.server_args) == POLICY_NAME:
         vocab = manager.model_config.vocab_size
         low, high = min(input_ids), max(input_ids)
         if low < 0 or high >= vocab:

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.support.inprocess import SchedulerDriver, build_scheduler
+from sglang_continuum.tools.inprocess import SchedulerDriver, build_scheduler
 
 POOL = 1024
 TTL_S = 0.2

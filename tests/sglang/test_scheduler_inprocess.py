@@ -12,7 +12,7 @@ import random
 import pytest
 
 from sglang_continuum.core.tool_stats import ToolStats
-from tests.support.inprocess import SchedulerDriver, build_scheduler
+from sglang_continuum.tools.inprocess import SchedulerDriver, build_scheduler
 
 pytestmark = pytest.mark.sglang
 POOL = 1024
@@ -80,7 +80,7 @@ def test_second_turn_hits_whole_context_after_pool_was_filled(driver):
     for f in fillers:
         driver.submit(f, max_new_tokens=4)
     driver.run_until_idle()
-    from tests.support.cpu_cache import key
+    from sglang_continuum.tools.cpu_cache import key
     from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
 
     evicted = cache.match_prefix(MatchPrefixParams(key=key(fillers[0]))).device_prefix_len < 250

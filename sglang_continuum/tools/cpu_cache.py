@@ -1,5 +1,6 @@
-"""Real SGLang cache objects on CPU pools, and a thin driver that does for one turn what SGLang's
-scheduler does with the cache (match, lock, allocate the rest with eviction, insert, unlock).
+"""Real SGLang cache objects on CPU pools, driven turn by turn (tier-2 tests, overhead benchmark).
+
+``TurnDriver`` does what the scheduler does with the cache (match, lock, allocate the rest with eviction, insert, unlock).
 
 The driver stands in for the scheduler only; every cache, pool and allocator call is SGLang's own.
 """
