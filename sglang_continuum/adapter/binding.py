@@ -211,6 +211,7 @@ def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
     scheduler.get_new_batch_prefill = get_new_batch_prefill
     scheduler.get_prefill_adder_class = get_prefill_adder_class
     scheduler.on_idle = _on_idle
+    policy.admission = admission  # read by tests: the last selection's blocked turn
     _save_stats_on_sigterm(cache)
     logger.info(
         "continuum: active (ttl_model=%s, pin budget=%d tokens, max queue wait %.0fs, admission control %s)",

@@ -10,6 +10,8 @@ import json
 import random
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sglang_continuum.core.tool_stats import ToolStats
 from sglang_continuum.tools.inprocess import SchedulerDriver, build_scheduler
@@ -197,3 +199,62 @@ def test_blocked_turn_of_an_earlier_program_sheds_a_later_programs_pin_while_a_d
     assert driver.req(n).finished() and driver.req(x).finished()
     cache.end_program("N")
     cache.check_integrity()
+
+
+programs_strategy = st.lists(
+    st.tuples(
+        st.lists(st.integers(20, 260), min_size=1, max_size=4),  # tokens each turn appends
+        st.sampled_from(["fast", "slow"]),  # fast: pinned for 20 s; slow: never pinned
+        st.integers(0, 6),  # tool gap, in scheduler steps
+        st.integers(0, 4),  # arrival step
+    ),
+    min_size=2,
+    max_size=6,
+)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+@given(programs=programs_strategy, seed=st.integers(0, 1000))
+def test_random_agent_fleets_finish_without_leaks_and_pins_never_block_higher_ranked_turns(driver, programs, seed):
+    """Random arrivals, tool gaps and sizes through the real scheduler: every request finishes,
+    no step leaves a memory-blocked turn waiting while pins of later programs survive without
+    being shed, pins stay within the budget (integrity check every step), no KV slot leaks."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    rng = random.Random(seed)
+    drain_pins(driver)
+    cache, policy = driver.s.tree_cache, driver.s.policy
+    due = {i: arrival for i, (_, _, _, arrival) in enumerate(programs)}  # program -> step its next turn is sent
+    turn = {i: 0 for i in range(len(programs))}  # next turn index
+    contexts: dict[int, list[int]] = {i: [] for i in range(len(programs))}
+    in_flight: dict[int, str] = {}
+    step = 0
+    while due or in_flight:
+        for i in [i for i, at in due.items() if at <= step]:
+            del due[i]
+            appends, tool, _, _ = programs[i]
+            contexts[i] = contexts[i] + tokens(rng, appends[turn[i]])
+            last = turn[i] == len(appends) - 1
+            in_flight[i] = driver.submit(contexts[i], max_new_tokens=4,
+                                         custom_params=meta(f"fleet-{seed}-{i}", None if last else tool, last))
+        sheds = cache.controller.admission.admission_sheds
+        driver.step()
+        blocked = policy.admission.blocked
+        if blocked is not None:
+            tag = blocked._continuum_tag
+            later = [p for p in cache.controller.pins
+                     if p.arrival_rank > tag.program_rank and p.program_id != tag.meta.program_id]
+            assert not later or cache.controller.admission.admission_sheds > sheds, "a later program's pin kept out a blocked turn"
+        cache.check_integrity()
+        step += 1
+        for i, rid in list(in_flight.items()):
+            if driver.req(rid).finished():
+                del in_flight[i]
+                contexts[i] = contexts[i] + driver.output_ids(rid)
+                turn[i] += 1
+                if turn[i] < len(programs[i][0]):
+                    due[i] = step + programs[i][2]
+        assert step < 3000, "the fleet did not finish"
+    assert len(cache.controller.pins) == 0 and cache.protected_size() == 0
+    cache.evict(EvictParams(num_tokens=10**6))
+    assert cache.token_to_kv_pool_allocator.available_size() == cache.token_to_kv_pool_allocator.size
