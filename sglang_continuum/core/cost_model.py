@@ -71,7 +71,7 @@ class PrefillProfile:
 
 # Used when no profile is configured: about 8k tokens/s with a mild quadratic term, a deliberately
 # middle-of-the-road guess; serving setups should point SGLANG_CONTINUUM_PREFILL_PROFILE at a
-# measured profile (scripts/profile_prefill.py).
+# measured profile (continuum-profile).
 DEFAULT_PROFILE = PrefillProfile((0.02, 1.2e-4, 1.0e-9), name="builtin-default")
 
 

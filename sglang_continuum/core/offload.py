@@ -26,7 +26,7 @@ import numpy as np
 from sglang_continuum.core.ttl import argmax_sorted
 
 # Conservative host-to-device bandwidth when nothing was measured: a quarter of PCIe 4.0 x16's
-# practical ~25 GB/s (scattered page copies, shared links). ``scripts/profile_prefill.py --hicache``
+# practical ~25 GB/s (scattered page copies, shared links). ``continuum-profile --host-bandwidth``
 # measures the real figure.
 DEFAULT_HOST_BYTES_PER_S = 6e9
 DEFAULT_RELOAD_LATENCY_S = 1e-3

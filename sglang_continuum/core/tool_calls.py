@@ -7,7 +7,7 @@ a Llama pythonic call list, and a mini-swe-agent ```` ```bash ```` block. Anythi
 ``UNKNOWN_TOOL``, a stable class that still feeds the global statistics.
 
 Shell commands are classed by their first executable, and ``cd DIR && cmd`` is classed as
-``cmd``. The SWE-agent sample decides little by itself (``scripts/analyze_tool_classes.py``): all
+``cmd``. The SWE-agent sample decides little by itself (``python -m sglang_continuum.tools.analyze_tool_classes``): all
 60 bash calls take about 0.5 s, and the pooled within-class spread is 22.9 ms keeping ``cd`` vs
 24.0 ms skipping it. What it does show is that 24 of the 25 ``cd`` calls are ``cd /testbed &&
 python ...``, whose durations match the bare ``python`` calls; keeping ``cd`` would name a class

@@ -3,7 +3,7 @@ TTL cost model uses for ``PrefillReload(r)``, and write a profile JSON.
 
 Against a running server (``--url``), or one it starts (``--model``, CPU flags by default):
 
-    python scripts/profile_prefill.py --model .models/tiny-llama --lengths 256,512,1024,2048,4096 \\
+    continuum-profile --model .models/tiny-llama --lengths 256,512,1024,2048,4096 \\
         --out configs/profiles/cpu-tiny-llama.json
 
 Each point is the median latency of ``/generate`` with one output token over fresh random token

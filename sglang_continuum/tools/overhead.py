@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Per-step scheduler overhead of Continuum (a benchmark, not a test).
 
 Measures, on this machine:
@@ -10,7 +9,7 @@ Measures, on this machine:
 3. one TTL decision of the cost model with 100, 10,000 and 100,000 samples;
 4. the out-of-vocabulary check on a request's token ids (1k ... 128k tokens).
 
-    python scripts/bench_overhead.py --out docs/results/overhead-cpu.json
+    continuum-overhead --model .models/tiny-llama --out docs/results/overhead-cpu.json
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ import time
 from array import array
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 
 
@@ -180,13 +178,13 @@ def bench_ttl_decision(sizes=(100, 10_000, 100_000)) -> list[dict]:
     return rows
 
 
-def main() -> int:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=str(ROOT / ".models" / "tiny-llama"))
+    ap.add_argument("--model", default=".models/tiny-llama", help="the embedded tiny model (scripts/setup.sh builds it)")
     ap.add_argument("--waiting", type=int, default=1000)
     ap.add_argument("--pins", type=int, default=10_000)
-    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "overhead-cpu.json")
-    args = ap.parse_args()
+    ap.add_argument("--out", type=Path, default=Path("docs/results/overhead-cpu.json"))
+    args = ap.parse_args(argv)
     report = {
         "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "ttl_decision": bench_ttl_decision(),

@@ -1,14 +1,15 @@
-#!/usr/bin/env python
 """How should bash tool calls be classed? Compare `cd X && cmd` -> "cd" with -> "cmd".
 
 For each choice it prints the classes, their sizes and duration spread, and the pooled
 within-class standard deviation of tool time (lower = a class predicts its duration better, which
 is what the per-tool CDF in the TTL model needs).
 
-    python scripts/analyze_tool_classes.py tests/data/swe_smith_5_trajectories_with_tool_times.json
+    python -m sglang_continuum.tools.analyze_tool_classes tests/data/swe_smith_5_trajectories_with_tool_times.json
 """
 
 from __future__ import annotations
+
+DEFAULT_DATA = "tests/data/swe_smith_5_trajectories_with_tool_times.json"  # run from the checkout
 
 import json
 import sys
@@ -50,4 +51,4 @@ def main(path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "tests/data/swe_smith_5_trajectories_with_tool_times.json")
+    main(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_DATA)

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Worked example: the TTLs the cost model chooses from the 5 real SWE-agent trajectories.
 
 Tool times come from ``execution_time_seconds``; tools are classed as the server would
@@ -6,10 +5,12 @@ Tool times come from ``execution_time_seconds``; tools are classed as the server
 125 calls, the default K is 100) the chain uses each tool's own CDF once it has more than 10
 samples and the global CDF otherwise. Printed for three benefits B = T*eta + PrefillReload.
 
-    python scripts/ttl_worked_example.py [tests/data/swe_smith_5_trajectories_with_tool_times.json]
+    python -m sglang_continuum.tools.ttl_example [tests/data/swe_smith_5_trajectories_with_tool_times.json]
 """
 
 from __future__ import annotations
+
+DEFAULT_DATA = "tests/data/swe_smith_5_trajectories_with_tool_times.json"  # run from the checkout
 
 import json
 import sys
@@ -46,4 +47,4 @@ def main(path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "tests/data/swe_smith_5_trajectories_with_tool_times.json"))
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_DATA))
