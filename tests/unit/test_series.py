@@ -1,0 +1,28 @@
+"""One table of series names: the exporter, the benchmark and the README use the same names."""
+
+from pathlib import Path
+
+from sglang_continuum.core.controller import AdmissionCounters, HostCounters, PinCounters
+from sglang_continuum.core.series import SERIES, series_name
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_every_series_is_documented_in_the_readme():
+    text = README.read_text()
+    for s in SERIES:
+        assert f"`{s.name}`" in text, f"{s.name} missing from README.md"
+
+
+def test_every_counter_field_is_exported_once():
+    sources = [s.source for s in SERIES]
+    assert len(sources) == len(set(sources)) and len({s.name for s in SERIES}) == len(SERIES)
+    for group, counters in (("counters", PinCounters), ("host", HostCounters), ("admission", AdmissionCounters)):
+        for field in counters.__dataclass_fields__:
+            assert f"{group}.{field}" in sources, f"{group}.{field} has no series"
+
+
+def test_names_follow_prometheus_conventions():
+    assert series_name("counters.hits") == "sglang:continuum_pin_hits_total"
+    assert all(s.name.startswith("sglang:continuum_") for s in SERIES)
+    assert all(s.name.endswith("_total") == (s.kind == "counter") for s in SERIES)
