@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from sglang_continuum.core.offload import ReloadCost, host_ttl
+from sglang_continuum.core.offload import host_ttl
 from sglang_continuum.core.tool_stats import SampleWindow, ToolStats
 from sglang_continuum.core.ttl import TTLModel, TTLQuery, argmax_sorted
 

@@ -9,8 +9,6 @@ is what the per-tool CDF in the TTL model needs).
 
 from __future__ import annotations
 
-DEFAULT_DATA = "tests/data/swe_smith_5_trajectories_with_tool_times.json"  # run from the checkout
-
 import json
 import sys
 from collections import defaultdict
@@ -18,6 +16,8 @@ from collections import defaultdict
 import numpy as np
 
 from sglang_continuum.core.tool_calls import first_executable
+
+DEFAULT_DATA = "tests/data/swe_smith_5_trajectories_with_tool_times.json"  # run from the checkout
 
 
 def calls(path):

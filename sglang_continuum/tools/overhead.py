@@ -46,9 +46,9 @@ def bench_calc_priority(model_path: str, waiting: int, pins: int) -> dict:
     from sglang.srt.server_args import ServerArgs
 
     from sglang_continuum.adapter.schedule_policy import ContinuumSchedulePolicy
+    from sglang_continuum.core.metadata import ProgramMeta
     from sglang_continuum.core.settings import ContinuumSettings
     from sglang_continuum.tools.cpu_cache import TurnDriver, make_cache
-    from sglang_continuum.core.metadata import ProgramMeta
 
     load_plugins()
     args = ServerArgs(model_path=model_path, device="cpu", schedule_policy="continuum", max_total_tokens=65536)

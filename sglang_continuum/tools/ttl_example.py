@@ -10,8 +10,6 @@ samples and the global CDF otherwise. Printed for three benefits B = T*eta + Pre
 
 from __future__ import annotations
 
-DEFAULT_DATA = "tests/data/swe_smith_5_trajectories_with_tool_times.json"  # run from the checkout
-
 import json
 import sys
 from collections import defaultdict
@@ -21,6 +19,8 @@ from sglang_continuum.core.settings import ContinuumSettings
 from sglang_continuum.core.tool_calls import from_openai_tool_calls
 from sglang_continuum.core.tool_stats import ToolStats
 from sglang_continuum.core.ttl import TTLQuery
+
+DEFAULT_DATA = "tests/data/swe_smith_5_trajectories_with_tool_times.json"  # run from the checkout
 
 
 def main(path: str) -> int:

@@ -6,10 +6,9 @@ from openai import OpenAI
 
 from sglang_continuum.client import continuum_extra_body
 from sglang_continuum.tools.server import SGLangServer, parse_metrics
+from tests.e2e.conftest import ARGS, POOL
 
 pytestmark = pytest.mark.e2e
-
-from tests.e2e.conftest import ARGS, POOL
 WORDS = "ls cd grep find python pytest git diff patch file line error test tool search fetch".split()
 
 

@@ -82,8 +82,9 @@ def test_second_turn_hits_whole_context_after_pool_was_filled(driver):
     for f in fillers:
         driver.submit(f, max_new_tokens=4)
     driver.run_until_idle()
-    from sglang_continuum.tools.cpu_cache import key
     from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+
+    from sglang_continuum.tools.cpu_cache import key
 
     evicted = cache.match_prefix(MatchPrefixParams(key=key(fillers[0]))).device_prefix_len < 250
     assert evicted, "the fillers did not create memory pressure"

@@ -6,7 +6,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_continuum.core.cost_model import (
-    BernsteinTTL, CostModelTTL, EtaEstimator, PrefillProfile, SlidingMean,
+    BernsteinTTL,
+    CostModelTTL,
+    EtaEstimator,
+    PrefillProfile,
+    SlidingMean,
 )
 from sglang_continuum.core.settings import ContinuumSettings
 from sglang_continuum.core.tool_stats import SampleWindow, ToolStats
