@@ -75,11 +75,18 @@ class Admission:
         self.cache = cache
         self.blocked = None
         self.shortfall = 0
+        self._classes: dict[type, type] = {}
 
     def reset(self) -> None:
         self.blocked, self.shortfall = None, 0
 
     def adder_class(self, base: type[PrefillAdder]) -> type[PrefillAdder]:
+        cls = self._classes.get(base)
+        if cls is None:
+            cls = self._classes[base] = self._make_adder_class(base)
+        return cls
+
+    def _make_adder_class(self, base: type[PrefillAdder]) -> type[PrefillAdder]:
         admission = self
 
         class ContinuumPrefillAdder(base):
