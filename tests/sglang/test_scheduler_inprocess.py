@@ -174,11 +174,11 @@ def test_blocked_turn_of_an_earlier_program_sheds_a_later_programs_pin_while_a_d
     rng = random.Random(7)
     drain_pins(driver)
     cache = driver.s.tree_cache
-    driver.submit(tokens(rng, 30), max_new_tokens=4, custom_params=meta("E", "slow"))  # E first; no pin
+    driver.submit(tokens(rng, 30), max_new_tokens=4, custom_params=meta("early", "slow"))  # E first; no pin
     driver.run_until_idle()
-    driver.submit(tokens(rng, 500), max_new_tokens=8, custom_params=meta("L", "fast"))  # pinned for 20 s
+    driver.submit(tokens(rng, 500), max_new_tokens=8, custom_params=meta("late", "fast"))  # pinned for 20 s
     driver.run_until_idle()
-    assert "L" in cache.controller.pins and "E" not in cache.controller.pins
+    assert "late" in cache.controller.pins and "early" not in cache.controller.pins
     x = driver.submit(tokens(rng, 50), max_new_tokens=300)  # a long decode
     for _ in range(3):
         driver.step()
@@ -186,19 +186,19 @@ def test_blocked_turn_of_an_earlier_program_sheds_a_later_programs_pin_while_a_d
     allocator = cache.token_to_kv_pool_allocator
     assert allocator.available_size() + cache.evictable_size() < 520, "no pressure: the test cannot fail"
 
-    n = driver.submit(tokens(rng, 520), max_new_tokens=4, custom_params=meta("N"))  # ranks after L
+    n = driver.submit(tokens(rng, 520), max_new_tokens=4, custom_params=meta("newer"))  # ranks after L
     for _ in range(3):
         driver.step()
-    assert n not in driver.admitted and "L" in cache.controller.pins  # a later program waits for L
+    assert n not in driver.admitted and "late" in cache.controller.pins  # a later program waits for L
     sheds = cache.controller.admission.admission_sheds
 
-    e2 = driver.submit(tokens(rng, 520), max_new_tokens=4, custom_params=meta("E", last=True))
+    e2 = driver.submit(tokens(rng, 520), max_new_tokens=4, custom_params=meta("early", last=True))
     driver.step()
     assert e2 in driver.admitted and not driver.req(x).finished()  # admitted while X decodes
-    assert "L" not in cache.controller.pins and cache.controller.admission.admission_sheds > sheds
+    assert "late" not in cache.controller.pins and cache.controller.admission.admission_sheds > sheds
     driver.run_until_idle()
     assert driver.req(n).finished() and driver.req(x).finished()
-    cache.end_program("N")
+    cache.end_program("newer")
     cache.check_integrity()
 
 
