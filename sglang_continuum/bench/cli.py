@@ -7,10 +7,19 @@ replays the identical seeded workload, scrapes ``/metrics``, stops the server, a
     continuum-bench --workload workloads/swe-cpu.jsonl --model .models/tiny-llama \\
         --policies fcfs,lpm,continuum-ref,continuum --jps 0.5 --out out/bench
 
-Policies: ``fcfs``, ``lpm`` (SGLang's own), ``continuum-ref`` (continuum with the public
-reference's fixed 2 s rule), ``continuum-fixed`` (fixed TTL), ``continuum`` (the cost model);
-any of them with ``+hicache`` adds SGLang's host tier (``--enable-hierarchical-cache``) and is
-compared with ``fcfs+hicache``.
+Policies: SGLang's own ``fcfs``, ``lpm``, ``tlru`` (fcfs with ``--radix-eviction-policy tlru``,
+tail-optimised LRU), ``priority-evict`` (``--radix-eviction-policy priority``: it evicts lower
+request priorities first; the replay sends none, so it ranks nodes like LRU), ``session``
+(``--enable-session-radix-cache``: the replay's ``session_id`` is the program id, and the session
+is closed at the program's end); ``continuum-ref`` (continuum with the public reference's fixed
+2 s rule), ``continuum-fixed`` (fixed TTL), ``continuum`` (the cost model). Any of them with
+``+hicache`` adds SGLang's host tier (``--enable-hierarchical-cache``) and is compared with
+``fcfs+hicache``.
+
+``--seeds 1,2,3,4,5`` (and ``--repeat R``) runs every policy on every seed, interleaved (policies
+innermost), and reports per policy the median, IQR and worst seed, ratios against fcfs on the
+same seed, and collapsed runs (``bench/seeds.py``). On 2+ cores the server and the replay client
+are pinned to different cores (``--no-pin-cpus`` turns that off).
 ``--url`` replays against an already running server instead (one policy, e.g. vLLM).
 """
 
@@ -18,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import time
@@ -28,12 +38,16 @@ from tqdm import tqdm
 
 from sglang_continuum.bench.replay import Replayer
 from sglang_continuum.bench.report import markdown_table, plots, summarize
+from sglang_continuum.bench.seeds import aggregate, headline, run_order, seeds_table
 from sglang_continuum.tools.server import SGLangServer
 from sglang_continuum.workloads.schema import load_workload
 
 POLICIES: dict[str, tuple[list[str], dict[str, str]]] = {
     "fcfs": (["--schedule-policy", "fcfs"], {}),
     "lpm": (["--schedule-policy", "lpm"], {}),
+    "tlru": (["--schedule-policy", "fcfs", "--radix-eviction-policy", "tlru"], {}),
+    "priority-evict": (["--schedule-policy", "fcfs", "--radix-eviction-policy", "priority"], {}),
+    "session": (["--schedule-policy", "fcfs", "--enable-session-radix-cache"], {}),
     "continuum-ref": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_TTL_MODEL": "reference"}),
     "continuum-fixed": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_TTL_MODEL": "fixed"}),
     "continuum": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_TTL_MODEL": "cost"}),
@@ -72,7 +86,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--url", help="replay against this running server instead (no server is started)")
     ap.add_argument("--policies", default="fcfs,lpm,continuum-ref,continuum")
     ap.add_argument("--jps", default="0.5", help="programs per second; a list sweeps: 0.25,0.5,1")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="one arrival and token seed (see --seeds)")
+    ap.add_argument("--seeds", default="", help="seeds to compare over, e.g. 1,2,3,4,5 (overrides --seed)")
+    ap.add_argument("--repeat", type=int, default=1, help="run the whole seeds x policies grid this many times")
+    ap.add_argument("--no-pin-cpus", action="store_true", help="do not pin server and client to different cores")
     ap.add_argument("--programs", type=int, default=0, help="replay only the first N programs")
     ap.add_argument("--max-total-tokens", type=int, default=0, help="KV pool size; 0 = sized for pressure")
     ap.add_argument("--pool-programs", type=float, default=4.0, help="auto pool: average contexts it holds")
@@ -105,32 +122,45 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(f"workload {args.workload}: {len(programs)} programs, {total_turns} turns; KV pool {pool} tokens "
           f"(~{args.pool_programs:g} average program contexts: memory pressure)")
 
+    seeds = [int(x) for x in args.seeds.split(",") if x.strip()] or [args.seed]
+    server_cpus, client_cpus = cpu_split(not args.no_pin_cpus)
     runs = []
     started = time.time()
-    for jps in jps_list:
-        for policy in policies:
-            replayer = Replayer(args.url or "", api=args.api, vocab=args.vocab, seed=args.seed)
-            if args.url:
-                result = _run(replayer, programs, jps, f"{policy} @ {jps:g} jps", total_turns)
-            else:
-                if not args.model:
-                    ap.error("--model is required unless --url is given")
-                flags, env = parse_policy(policy, cpu=not args.gpu)
-                log = args.out / f"server-{policy}-{jps:g}.log"
-                with SGLangServer(args.model, [*flags, *common], env={**env, **extra_env}, log_path=log,
-                                  cpu=not args.gpu) as server:
-                    replayer.url = server.url
-                    result = _run(replayer, programs, jps, f"{policy} @ {jps:g} jps", total_turns)
-            summary = summarize(result)
-            runs.append({"policy": policy, "jps": jps, "summary": summary, "replay": result.to_dict()})
-            print(f"  {policy} @ {jps:g}: mean JCT {summary['jct_mean_s']:.2f}s, P95 {summary['jct_p95_s']:.2f}s, "
-                  f"cache hit {summary['cache_hit_ratio']:.1%}, failed requests {summary['failed_requests']}")
+    for repeat, seed, jps, policy in run_order(policies, seeds, jps_list, args.repeat):
+        replayer = Replayer(args.url or "", api=args.api, vocab=args.vocab, seed=seed,
+                            close_sessions=policy.partition("+")[0] == "session")
+        desc = f"{policy} @ {jps:g} jps, seed {seed}"
+        if args.url:
+            result = _run(replayer, programs, jps, desc, total_turns, client_cpus)
+        else:
+            if not args.model:
+                ap.error("--model is required unless --url is given")
+            flags, env = parse_policy(policy, cpu=not args.gpu)
+            if "tlru" in flags:
+                flags += ["--radix-eviction-policy-config", json.dumps(tlru_config(programs))]
+            log = args.out / f"server-{policy}-{jps:g}-s{seed}-r{repeat}.log"
+            with SGLangServer(args.model, [*flags, *common], env={**env, **extra_env}, log_path=log,
+                              cpu=not args.gpu, cpus=server_cpus) as server:
+                replayer.url = server.url
+                result = _run(replayer, programs, jps, desc, total_turns, client_cpus)
+        summary = summarize(result)
+        runs.append({"policy": policy, "jps": jps, "seed": seed, "repeat": repeat, "summary": summary,
+                     "replay": result.to_dict()})
+        print(f"  {desc}: mean JCT {summary['jct_mean_s']:.2f}s, P95 {summary['jct_p95_s']:.2f}s, "
+              f"cache hit {summary['cache_hit_ratio']:.1%}, max wait {summary['max_request_wait_s']:.1f}s, "
+              f"failed requests {summary['failed_requests']}")
 
-    rows = [{"policy": r["policy"], "jps": r["jps"], **r["summary"]} for r in runs]
+    rows = [{"policy": r["policy"], "jps": r["jps"], "seed": r["seed"], "repeat": r["repeat"], **r["summary"]}
+            for r in runs]
     table = markdown_table(rows)
+    across = aggregate(runs)
+    summary_md = seeds_table(across)
+    head = "\n".join(headline(across, p) for p in policies if p.startswith("continuum"))
     command = "continuum-bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     report = {
-        "command": command, "workload": str(args.workload), "programs": len(programs), "seed": args.seed,
+        "command": command, "workload": str(args.workload), "programs": len(programs), "seeds": seeds,
+        "repeat": args.repeat, "cpus": {"server": sorted(server_cpus or []), "client": sorted(client_cpus or [])},
+        "across_seeds": across, "headline": head,
         "kv_pool_tokens": pool, "server_args": common, "server_env": extra_env, "policies": policies, "jps": jps_list,
         "elapsed_s": time.time() - started, "rows": rows, "runs": runs,
     }
@@ -138,27 +168,60 @@ def main(argv: Optional[list[str]] = None) -> int:
     pngs = plots(runs, args.out)
     md = [
         f"# continuum-bench: {args.workload.name}", "", f"Command: `{command}`", "",
-        f"{len(programs)} programs, {total_turns} turns, seed {args.seed}. KV pool {pool} tokens "
+        f"{len(programs)} programs, {total_turns} turns, seeds {', '.join(map(str, seeds))}"
+        f"{f' x {args.repeat} repeats' if args.repeat > 1 else ''}, policies interleaved. KV pool {pool} tokens "
         f"(sized to hold ~{args.pool_programs:g} average program contexts, so the workload runs under memory "
-        "pressure: the regime where keeping a program's KV between turns matters).", "",
-        table, "",
+        "pressure: the regime where keeping a program's KV between turns matters). Server on cores "
+        f"{sorted(server_cpus) if server_cpus else 'all'}, replay client on {sorted(client_cpus) if client_cpus else 'all'}.", "",
+        *( [head, ""] if head else []),
+        "## Across seeds", "", summary_md, "",
+        "Median/IQR/worst over the per-run mean JCTs; ratio = fcfs's mean JCT / the policy's on the same seed; "
+        "best stock = the SGLang policy (not fcfs) with the lowest median; collapsed = runs whose cache-hit ratio "
+        "fell below half the policy's median (the re-prefill spiral).", "",
+        "## Every run", "", table, "",
         "JCT: first request sent to last response, per program. turn queue: mean time a turn waited in "
         "the server queue (SGLang's queue_time). cache hit: cached / prompt tokens.", "",
         *[f"![{p.stem}]({p.name})" for p in pngs],
     ]
     (args.out / "report.md").write_text("\n".join(md) + "\n")
     print()
-    print(table)
+    print(summary_md)
+    if head:
+        print("\n" + head)
     print(f"\nreport: {args.out / 'report.md'} ({time.time() - started:.0f}s)")
     return 0 if all(r["failed_requests"] == 0 for r in rows) else 1
 
 
-def _run(replayer: Replayer, programs, jps: float, desc: str, total_turns: int):
+def tlru_config(programs) -> dict:
+    """T-LRU needs the next prompt's size and a tail threshold (tokens): the workload's mean
+    appended tokens per later turn, and 8x that (tokens deeper than this in a conversation cannot
+    change its tail TTFT, so they are evicted first)."""
+    later = [t.append_tokens for p in programs for t in p.turns[1:]] or [1]
+    estimate = max(1, int(sum(later) / len(later)))
+    return {"threshold": 8 * estimate, "next_prompt_estimate": estimate}
+
+
+def cpu_split(pin: bool) -> tuple[Optional[set[int]], Optional[set[int]]]:
+    """(server cores, client cores): the client gets the last core, the server the rest."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if not pin or len(cores) < 2:
+        return None, None
+    return set(cores[:-1]), {cores[-1]}
+
+
+def _run(replayer: Replayer, programs, jps: float, desc: str, total_turns: int, cpus: Optional[set[int]] = None):
     import asyncio
 
-    with tqdm(total=total_turns, desc=desc, unit="turn", mininterval=2.0) as bar:
-        replayer.on_turn = lambda t: bar.update(1)
-        return asyncio.run(replayer.run(programs, jps))
+    before = os.sched_getaffinity(0) if cpus else None
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    try:
+        with tqdm(total=total_turns, desc=desc, unit="turn", mininterval=2.0) as bar:
+            replayer.on_turn = lambda t: bar.update(1)
+            return asyncio.run(replayer.run(programs, jps))
+    finally:
+        if before:
+            os.sched_setaffinity(0, before)
 
 
 if __name__ == "__main__":

@@ -100,7 +100,7 @@ def _program_rng(seed: int, program_id: str) -> random.Random:
 class Replayer:
     def __init__(self, url: str, *, api: str = "sglang", model: str = "default", vocab: int = 500,
                  seed: int = 0, timeout_s: float = 900.0, send_program_id: bool = True,
-                 on_turn: Optional[Callable[[TurnRecord], None]] = None) -> None:
+                 close_sessions: bool = False, on_turn: Optional[Callable[[TurnRecord], None]] = None) -> None:
         if api not in ("sglang", "openai"):
             raise ValueError("api must be 'sglang' or 'openai'")
         self.url = url.rstrip("/")
@@ -110,6 +110,7 @@ class Replayer:
         self.seed = seed
         self.timeout_s = timeout_s
         self.send_program_id = send_program_id
+        self.close_sessions = close_sessions  # --enable-session-radix-cache: release the session at program end
         self.on_turn = on_turn
         self.t0 = 0.0
 
@@ -199,6 +200,11 @@ class Replayer:
             if turn.tool_duration_s > 0:
                 await asyncio.sleep(turn.tool_duration_s)
         rec.end = rec.turns[-1].finish
+        if self.close_sessions:
+            try:
+                await client.post(self.url + "/close_session", json={"session_id": program.program_id})
+            except httpx.HTTPError:
+                pass  # the session ends with its radix references anyway when the server stops
 
     async def run(self, programs: list[Program], jps: float) -> ReplayResult:
         arrivals = arrival_times(len(programs), jps, self.seed)

@@ -7,20 +7,24 @@ from pathlib import Path
 import numpy as np
 
 from sglang_continuum.bench.replay import ReplayResult
+from sglang_continuum.core.series import series_name
 from sglang_continuum.tools.server import parse_metrics
 
+# report column -> scraped series (Continuum's from the one table in core/series.py)
 PIN_SERIES = {
-    "pin_hits": "sglang:continuum_pin_hits_total",
-    "pin_expiries": "sglang:continuum_pin_expiries_total",
-    "pin_sheds": "sglang:continuum_pin_sheds_total",
-    "pins_created": "sglang:continuum_pins_created_total",
+    "pin_hits": series_name("counters.hits"),
+    "pin_expiries": series_name("counters.expired"),
+    "pin_sheds": series_name("counters.shed"),
+    "pins_created": series_name("counters.created"),
+    "admission_sheds": series_name("admission.admission_sheds"),
+    "held_back": series_name("admission.held_back"),
     # HiCache: SGLang's own count of tokens loaded back from host, and Continuum's offloads
     "host_loaded_tokens": "sglang:load_back_tokens_total",
-    "offloads": "sglang:continuum_offloads_total",
-    "host_hit_tokens": "sglang:continuum_host_hit_tokens_total",
-    "reloads_started": "sglang:continuum_predictive_reloads_started_total",
-    "reloads_used": "sglang:continuum_predictive_reloads_used_total",
-    "reloads_wasted": "sglang:continuum_predictive_reloads_wasted_total",
+    "offloads": series_name("host.offloaded"),
+    "host_hit_tokens": series_name("host.host_hit_tokens"),
+    "reloads_started": series_name("host.reloads_started"),
+    "reloads_used": series_name("host.reloads_used"),
+    "reloads_wasted": series_name("host.reloads_wasted"),
 }
 
 
@@ -46,6 +50,9 @@ def summarize(result: ReplayResult) -> dict:
         "programs_per_s": len(jcts) / result.wall_s if result.wall_s else 0.0,
         "tokens_per_s": (prompt + out_tokens) / result.wall_s if result.wall_s else 0.0,
         "mean_turn_wait_s": float(np.mean(waits)) if waits else float("nan"),
+        "max_request_wait_s": float(np.max(waits)) if waits else float("nan"),
+        "p99_request_latency_s": float(np.percentile([t.finish - t.send for t in ok_turns if t.finish is not None], 99))
+        if ok_turns else float("nan"),
         "mean_ttft_s": float(np.mean([t.ttft for t in ok_turns if t.ttft is not None])) if ok_turns else float("nan"),
         "cache_hit_ratio": cached / prompt if prompt else 0.0,
         "prompt_tokens": prompt, "cached_tokens": cached, "output_tokens": out_tokens,
@@ -58,7 +65,8 @@ COLUMNS = [
     ("policy", "policy", "{}"), ("jps", "jps", "{:g}"), ("jct_mean_s", "mean JCT s", "{:.2f}"),
     ("jct_median_s", "median", "{:.2f}"), ("jct_p90_s", "P90", "{:.2f}"), ("jct_p95_s", "P95", "{:.2f}"),
     ("jct_p99_s", "P99", "{:.2f}"), ("programs_per_s", "programs/s", "{:.3f}"), ("tokens_per_s", "tokens/s", "{:.0f}"),
-    ("mean_turn_wait_s", "turn queue s", "{:.3f}"), ("cache_hit_ratio", "cache hit", "{:.1%}"),
+    ("mean_turn_wait_s", "turn queue s", "{:.3f}"), ("max_request_wait_s", "max wait s", "{:.1f}"),
+    ("cache_hit_ratio", "cache hit", "{:.1%}"),
     ("pin_hits", "pin hits", "{:.0f}"), ("pin_expiries", "expiries", "{:.0f}"), ("pin_sheds", "sheds", "{:.0f}"),
     ("host_loaded_tokens", "host-loaded tokens", "{:.0f}"), ("failed_requests", "failed", "{}"),
 ]
@@ -72,12 +80,16 @@ def baseline_of(policy: str, baseline: str = "fcfs") -> str:
 
 
 def markdown_table(rows: list[dict], baseline: str = "fcfs") -> str:
-    head = [c[1] for c in COLUMNS] + [f"mean JCT vs {baseline}", f"P95 vs {baseline}"]
+    seeded = any("seed" in r for r in rows)
+    head = ([c[1] for c in COLUMNS[:2]] + (["seed"] if seeded else []) + [c[1] for c in COLUMNS[2:]]
+            + [f"mean JCT vs {baseline}", f"P95 vs {baseline}"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    base = {(r["jps"], r["policy"]): r for r in rows}
+    base = {(r["jps"], r.get("seed"), r.get("repeat"), r["policy"]): r for r in rows}
     for r in rows:
         cells = [fmt.format(r.get(key, 0.0)) for key, _, fmt in COLUMNS]
-        b = base.get((r["jps"], baseline_of(r["policy"], baseline)))
+        if seeded:
+            cells.insert(2, str(r.get("seed")))
+        b = base.get((r["jps"], r.get("seed"), r.get("repeat"), baseline_of(r["policy"], baseline)))
         for key in ("jct_mean_s", "jct_p95_s"):
             cells.append(f"{b[key] / r[key]:.2f}x" if b and r[key] and np.isfinite(r[key]) else "-")
         lines.append("| " + " | ".join(cells) + " |")
@@ -85,6 +97,8 @@ def markdown_table(rows: list[dict], baseline: str = "fcfs") -> str:
 
 
 def plots(runs: list[dict], out_dir: Path) -> list[Path]:
+    """JCT CDF and per-turn latency at the highest load (all seeds of a policy pooled), and the
+    median mean JCT against load."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -94,29 +108,28 @@ def plots(runs: list[dict], out_dir: Path) -> list[Path]:
     paths = []
     jps_values = sorted({r["jps"] for r in runs})
     focus = jps_values[-1]
+    policies = list(dict.fromkeys(r["policy"] for r in runs))
+    at_focus = {p: [r for r in runs if r["policy"] == p and r["jps"] == focus] for p in policies}
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for r in runs:
-        if r["jps"] != focus:
-            continue
-        j = np.sort([p["jct"] for p in r["replay"]["programs"] if p["ok"]])
-        ax.step(j, np.arange(1, len(j) + 1) / max(1, len(j)), where="post", label=r["policy"])
+    for policy, group in at_focus.items():
+        j = np.sort([p["jct"] for r in group for p in r["replay"]["programs"] if p["ok"]])
+        ax.step(j, np.arange(1, len(j) + 1) / max(1, len(j)), where="post", label=policy)
     ax.set(xlabel="job completion time (s)", ylabel="fraction of programs", title=f"JCT CDF at {focus:g} jobs/s")
     ax.grid(alpha=0.3)
     ax.legend()
     paths.append(_save(fig, out_dir / "jct_cdf.png"))
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for r in runs:
-        if r["jps"] != focus:
-            continue
+    for policy, group in at_focus.items():
         by_turn: dict[int, list[float]] = {}
-        for p in r["replay"]["programs"]:
-            for t in p["turns"]:
-                if t["error"] is None and t["finish"] is not None:
-                    by_turn.setdefault(t["turn"], []).append(t["finish"] - t["send"])
+        for r in group:
+            for p in r["replay"]["programs"]:
+                for t in p["turns"]:
+                    if t["error"] is None and t["finish"] is not None:
+                        by_turn.setdefault(t["turn"], []).append(t["finish"] - t["send"])
         idx = sorted(by_turn)
-        ax.plot(idx, [np.mean(by_turn[i]) for i in idx], marker="o", ms=3, label=r["policy"])
+        ax.plot(idx, [np.mean(by_turn[i]) for i in idx], marker="o", ms=3, label=policy)
     ax.set(xlabel="turn index", ylabel="mean turn latency (s)", title=f"Per-turn latency at {focus:g} jobs/s")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -124,10 +137,11 @@ def plots(runs: list[dict], out_dir: Path) -> list[Path]:
 
     if len(jps_values) > 1:
         fig, ax = plt.subplots(figsize=(6, 4))
-        for policy in dict.fromkeys(r["policy"] for r in runs):
-            pts = sorted((r["jps"], r["summary"]["jct_mean_s"]) for r in runs if r["policy"] == policy)
+        for policy in policies:
+            pts = [(j, float(np.median([r["summary"]["jct_mean_s"] for r in runs if r["policy"] == policy and r["jps"] == j])))
+                   for j in jps_values if any(r["policy"] == policy and r["jps"] == j for r in runs)]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=policy)
-        ax.set(xlabel="jobs per second", ylabel="mean JCT (s)", title="Mean JCT vs load")
+        ax.set(xlabel="jobs per second", ylabel="mean JCT (s), median over seeds", title="Mean JCT vs load")
         ax.grid(alpha=0.3)
         ax.legend()
         paths.append(_save(fig, out_dir / "jct_vs_jps.png"))

@@ -35,6 +35,7 @@ class SGLangServer:
         log_path: Optional[Path] = None,
         cpu: bool = True,
         startup_timeout_s: float = 240.0,
+        cpus: Optional[set[int]] = None,
     ) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -45,12 +46,15 @@ class SGLangServer:
         self.env = {**os.environ, **({"SGLANG_USE_CPU_ENGINE": "1"} if cpu else {}), **(env or {})}
         self.log_path = log_path
         self.startup_timeout_s = startup_timeout_s
+        self.cpus = cpus  # pin the server (and every process it spawns) to these cores
         self.proc: Optional[subprocess.Popen] = None
 
     def start(self) -> "SGLangServer":
         log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
         # A new session lets stop() take down the launcher and every scheduler it spawned.
-        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        pin = (lambda: os.sched_setaffinity(0, self.cpus)) if self.cpus else None
+        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True, preexec_fn=pin)
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

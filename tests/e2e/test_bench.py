@@ -46,17 +46,21 @@ def test_continuum_bench_end_to_end(tiny_model, tmp_path):
     out = tmp_path / "bench"
     rc = bench_main([
         "--workload", str(wl), "--model", tiny_model, "--policies", "fcfs,continuum-ref",
-        "--jps", "2,4", "--out", str(out), "--max-total-tokens", "1024",
+        "--jps", "2,4", "--seeds", "1,2", "--out", str(out), "--max-total-tokens", "1024",
     ])
     assert rc == 0
     report = json.loads((out / "report.json").read_text())
-    assert [(r["policy"], r["jps"]) for r in report["rows"]] == [
-        ("fcfs", 2.0), ("continuum-ref", 2.0), ("fcfs", 4.0), ("continuum-ref", 4.0)
+    # interleaved: policies innermost, then load, then seed
+    assert [(r["seed"], r["jps"], r["policy"]) for r in report["rows"]] == [
+        (s, j, p) for s in (1, 2) for j in (2.0, 4.0) for p in ("fcfs", "continuum-ref")
     ]
     assert all(r["failed_requests"] == 0 and r["programs"] == 3 for r in report["rows"])
     assert all(r["pin_hits"] == 0 for r in report["rows"] if r["policy"] == "fcfs")
     assert any(r["pin_hits"] > 0 for r in report["rows"] if r["policy"] == "continuum-ref")
+    across = {(a["policy"], a["jps"]): a for a in report["across_seeds"]}
+    assert len(across) == 4 and all(a["runs"] == 2 and len(a["ratio_vs_fcfs_per_run"]) == 2 for a in across.values())
+    assert across[("fcfs", 2.0)]["ratio_vs_fcfs_median"] == 1.0
     md = (out / "report.md").read_text()
-    assert "| fcfs | 2 |" in md and "mean JCT vs fcfs" in md
+    assert "## Across seeds" in md and "| fcfs | 2 | 1 |" in md and "mean JCT vs fcfs" in md
     for png in ("jct_cdf.png", "turn_latency.png", "jct_vs_jps.png"):
         assert (out / png).stat().st_size > 1000
