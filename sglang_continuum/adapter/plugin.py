@@ -93,9 +93,6 @@ def _after_resolve(result, server_args, *args, **kwargs):
     return result
 
 
-# Modules that call SGLang's kill_process_tree at shutdown (each holds its own reference).
-_KILLERS = ("sglang.srt.utils", "sglang.srt.utils.common", "sglang.srt.entrypoints.http_server",
-            "sglang.srt.entrypoints.engine", "__main__")
 GRACE_S = 5.0
 
 
@@ -124,9 +121,10 @@ def _stop_schedulers_gracefully_at_shutdown() -> None:
         return original(parent_pid, *args, **kwargs)
 
     kill_process_tree._continuum_graceful = True
-    for name in _KILLERS:
-        module = sys.modules.get(name)
-        if module is not None and getattr(module, "kill_process_tree", None) is original:
+    # every loaded module holds its own reference (launch_server's __main__, sglang serve's CLI,
+    # the HTTP server, the engine, ...): rebind each that still points at SGLang's function
+    for name, module in list(sys.modules.items()):
+        if (name == "__main__" or name.startswith("sglang")) and getattr(module, "kill_process_tree", None) is original:
             module.kill_process_tree = kill_process_tree
 
 
