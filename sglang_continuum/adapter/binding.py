@@ -95,8 +95,12 @@ class Admission:
                     return AddReqResult.CONTINUE  # skipped; later turns may still be admitted
                 result = super().add_one_req(req, has_chunked_req, truncation_align_size)
                 if result is AddReqResult.NO_TOKEN and admission.blocked is None:
-                    need = (len(req.full_untruncated_fill_ids) - req.prefix_len + self.per_req_token_overhead
-                            + min(max(req.sampling_params.max_new_tokens - len(req.output_ids), 0), CLIP_MAX_NEW_TOKENS))
+                    need = (
+                        len(req.full_untruncated_fill_ids)
+                        - req.prefix_len
+                        + self.per_req_token_overhead
+                        + min(max(req.sampling_params.max_new_tokens - len(req.output_ids), 0), CLIP_MAX_NEW_TOKENS)
+                    )
                     admission.blocked = req
                     admission.shortfall = max(1, int(need - self.memory_budget.remaining_total))
                 return result
@@ -112,8 +116,9 @@ class Admission:
         if adder.running_batch.is_empty() and not adder.can_run_list and self.scheduler.chunked_req is None:
             return False
         cache = self.cache
-        return cache.controller.holds_back(tag, len(req.origin_input_ids), cache.token_to_kv_pool_allocator.size,
-                                           cache.step_clock())
+        return cache.controller.holds_back(
+            tag, len(req.origin_input_ids), cache.token_to_kv_pool_allocator.size, cache.step_clock()
+        )
 
 
 def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
@@ -208,7 +213,11 @@ def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
     def _on_idle():
         nonlocal next_check
         cache.publish_metrics(scheduler.waiting_queue)  # the last step's changes reach /metrics
-        if cache.settings.check_integrity and cache.step_clock.read_source() >= next_check and scheduler.is_fully_idle():
+        if (
+            cache.settings.check_integrity
+            and cache.step_clock.read_source() >= next_check
+            and scheduler.is_fully_idle()
+        ):
             next_check = cache.step_clock.read_source() + 1.0  # the idle loop spins: once a second is plenty
             cache.check_integrity()
         return on_idle()
@@ -222,7 +231,9 @@ def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
     _save_stats_on_sigterm(cache)
     logger.info(
         "continuum: active (ttl_model=%s, pin budget=%d tokens, max queue wait %.0fs, admission control %s)",
-        cache.settings.ttl_model, controller.pins.budget_tokens, cache.settings.max_queue_wait_s,
+        cache.settings.ttl_model,
+        controller.pins.budget_tokens,
+        cache.settings.max_queue_wait_s,
         "on" if cache.settings.admission_control else "off",
     )
     return policy

@@ -13,7 +13,9 @@ from sglang_continuum.core.series import PREFIX, SERIES
 TTL_BUCKETS = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
 
-def gauge_values(controller: ContinuumController, *, held_back: int = 0, oldest_wait_s: float = 0.0) -> dict[str, float]:
+def gauge_values(
+    controller: ContinuumController, *, held_back: int = 0, oldest_wait_s: float = 0.0
+) -> dict[str, float]:
     pins, host = controller.pins, controller.host_pins
     return {
         "pinned_programs": len(pins),
@@ -56,10 +58,15 @@ class ContinuumMetrics:
     def observe_ttl(self, ttl: float) -> None:
         self._metrics["ttl"].observe(ttl)
 
-    def update(self, controller: ContinuumController, saver=None, *, held_back: int = 0,
-               oldest_wait_s: float = 0.0) -> None:
-        groups = {"counters": controller.counters, "host": controller.host_counters,
-                  "admission": controller.admission, "saver": saver}
+    def update(
+        self, controller: ContinuumController, saver=None, *, held_back: int = 0, oldest_wait_s: float = 0.0
+    ) -> None:
+        groups = {
+            "counters": controller.counters,
+            "host": controller.host_counters,
+            "admission": controller.admission,
+            "saver": saver,
+        }
         gauges = gauge_values(controller, held_back=held_back, oldest_wait_s=oldest_wait_s)
         for source, metric in self._metrics.items():
             group, _, name = source.partition(".")
@@ -73,4 +80,3 @@ class ContinuumMetrics:
                 if delta > 0:
                     metric.inc(delta)
                 self._last[source] = value
-

@@ -102,8 +102,12 @@ class ContinuumRadixCache(UnifiedRadixCache):
         logger.info(
             "continuum: HiCache host tier (write policy %s, %d host tokens, host pin budget %d, "
             "reload %.0f MB/s at %d bytes/token, offload %s, predictive reload %s)",
-            self.host_tier.write_policy, self.host_tier.capacity_tokens, budget, reload.bytes_per_s / 1e6,
-            reload.bytes_per_token, "on" if self.settings.offload_to_host else "off",
+            self.host_tier.write_policy,
+            self.host_tier.capacity_tokens,
+            budget,
+            reload.bytes_per_s / 1e6,
+            reload.bytes_per_token,
+            "on" if self.settings.offload_to_host else "off",
             "on" if self.settings.predictive_reload else "off",
         )
 
@@ -150,8 +154,12 @@ class ContinuumRadixCache(UnifiedRadixCache):
         setattr(req, ADMITTED_ATTR, True)
         tag = get_tag(req)
         if tag is not None:
-            self.admit_turn(tag, len(req.origin_input_ids), host_loaded=int(getattr(req, "host_loaded_length", 0) or 0),
-                            device_prefix=int(getattr(req, "prefix_len", 0) or 0))
+            self.admit_turn(
+                tag,
+                len(req.origin_input_ids),
+                host_loaded=int(getattr(req, "host_loaded_length", 0) or 0),
+                device_prefix=int(getattr(req, "prefix_len", 0) or 0),
+            )
 
     def admit_turn(self, tag: TurnTag, context_tokens: int, *, host_loaded: int = 0, device_prefix: int = 0) -> None:
         """The turn holds its own lock on its prefix now: consume its program's pin (and host pin)."""
@@ -188,8 +196,13 @@ class ContinuumRadixCache(UnifiedRadixCache):
             tags = [tag for tag in map(get_tag, waiting_queue) if tag is not None]
             self._oldest_wait = now - min(tag.arrival for tag in tags) if tags else 0.0
             programs = self.controller.programs
-            self._held_back = sum(1 for tag in tags if tag.held_back and (state := programs.get(tag.meta.program_id))
-                                  is not None and state.turns_admitted == 0)
+            self._held_back = sum(
+                1
+                for tag in tags
+                if tag.held_back
+                and (state := programs.get(tag.meta.program_id)) is not None
+                and state.turns_admitted == 0
+            )
         self.metrics.update(self.controller, self.saver, held_back=self._held_back, oldest_wait_s=self._oldest_wait)
 
     def shed_for(self, tag: Optional[TurnTag], *, tokens: int, any_rank: bool = False) -> int:
@@ -245,8 +258,11 @@ class ContinuumRadixCache(UnifiedRadixCache):
                 break
             self._release([pin], offload=True, sync=True)
             more = super().evict_for_alloc(
-                EvictParams(num_tokens=max(0, target - allocator.available_size()),
-                            swa_num_tokens=params.swa_num_tokens, mamba_num=params.mamba_num),
+                EvictParams(
+                    num_tokens=max(0, target - allocator.available_size()),
+                    swa_num_tokens=params.swa_num_tokens,
+                    mamba_num=params.mamba_num,
+                ),
                 allocation_reclaim_satisfied=allocation_reclaim_satisfied,
             )
             result.num_tokens_evicted += more.num_tokens_evicted
@@ -306,7 +322,9 @@ class ContinuumRadixCache(UnifiedRadixCache):
             self.controller.offload_failed(host)
             return
         self.controller.offloaded(host, lock)
-        logger.debug("continuum: offloaded program=%s tokens=%d host_ttl=%.3fs", pin.program_id, pin.tokens, outcome.ttl)
+        logger.debug(
+            "continuum: offloaded program=%s tokens=%d host_ttl=%.3fs", pin.program_id, pin.tokens, outcome.ttl
+        )
 
     def _start_predictive_reloads(self, due: list[Pin]) -> None:
         for pin in due:

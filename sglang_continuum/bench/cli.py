@@ -98,8 +98,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--gpu", action="store_true", help="start servers without the CPU flags")
     ap.add_argument("--api", choices=["sglang", "openai"], default="sglang")
     ap.add_argument("--vocab", type=int, default=500, help="token ids are drawn below this")
-    ap.add_argument("--prefill-profile", type=Path, default=None,
-                    help="profile for the cost model (default on CPU: configs/profiles/cpu-tiny-llama.json)")
+    ap.add_argument(
+        "--prefill-profile",
+        type=Path,
+        default=None,
+        help="profile for the cost model (default on CPU: configs/profiles/cpu-tiny-llama.json)",
+    )
     ap.add_argument("--out", type=Path, default=Path("out/bench"))
     args = ap.parse_args(argv)
 
@@ -115,20 +119,34 @@ def main(argv: Optional[list[str]] = None) -> int:
     profile = args.prefill_profile or (None if args.gpu else CPU_PROFILE)
     if profile is not None and Path(profile).is_file():
         extra_env.setdefault("SGLANG_CONTINUUM_PREFILL_PROFILE", str(Path(profile).resolve()))
-    common = ["--max-total-tokens", str(pool), "--context-length", str(pool), "--enable-metrics",
-              "--enable-cache-report", *shlex.split(args.server_args)]
+    common = [
+        "--max-total-tokens",
+        str(pool),
+        "--context-length",
+        str(pool),
+        "--enable-metrics",
+        "--enable-cache-report",
+        *shlex.split(args.server_args),
+    ]
     args.out.mkdir(parents=True, exist_ok=True)
     total_turns = sum(len(p.turns) for p in programs)
-    print(f"workload {args.workload}: {len(programs)} programs, {total_turns} turns; KV pool {pool} tokens "
-          f"(~{args.pool_programs:g} average program contexts: memory pressure)")
+    print(
+        f"workload {args.workload}: {len(programs)} programs, {total_turns} turns; KV pool {pool} tokens "
+        f"(~{args.pool_programs:g} average program contexts: memory pressure)"
+    )
 
     seeds = [int(x) for x in args.seeds.split(",") if x.strip()] or [args.seed]
     server_cpus, client_cpus = cpu_split(not args.no_pin_cpus)
     runs = []
     started = time.time()
     for repeat, seed, jps, policy in run_order(policies, seeds, jps_list, args.repeat):
-        replayer = Replayer(args.url or "", api=args.api, vocab=args.vocab, seed=seed,
-                            close_sessions=policy.partition("+")[0] == "session")
+        replayer = Replayer(
+            args.url or "",
+            api=args.api,
+            vocab=args.vocab,
+            seed=seed,
+            close_sessions=policy.partition("+")[0] == "session",
+        )
         desc = f"{policy} @ {jps:g} jps, seed {seed}"
         if args.url:
             result = _run(replayer, programs, jps, desc, total_turns, client_cpus)
@@ -139,48 +157,88 @@ def main(argv: Optional[list[str]] = None) -> int:
             if "tlru" in flags:
                 flags += ["--radix-eviction-policy-config", json.dumps(tlru_config(programs))]
             log = args.out / f"server-{policy}-{jps:g}-s{seed}-r{repeat}.log"
-            with SGLangServer(args.model, [*flags, *common], env={**env, **extra_env}, log_path=log,
-                              cpu=not args.gpu, cpus=server_cpus) as server:
+            with SGLangServer(
+                args.model,
+                [*flags, *common],
+                env={**env, **extra_env},
+                log_path=log,
+                cpu=not args.gpu,
+                cpus=server_cpus,
+            ) as server:
                 replayer.url = server.url
                 result = _run(replayer, programs, jps, desc, total_turns, client_cpus)
         summary = summarize(result)
-        runs.append({"policy": policy, "jps": jps, "seed": seed, "repeat": repeat, "summary": summary,
-                     "replay": result.to_dict()})
-        print(f"  {desc}: mean JCT {summary['jct_mean_s']:.2f}s, P95 {summary['jct_p95_s']:.2f}s, "
-              f"cache hit {summary['cache_hit_ratio']:.1%}, max wait {summary['max_request_wait_s']:.1f}s, "
-              f"failed requests {summary['failed_requests']}")
+        runs.append(
+            {
+                "policy": policy,
+                "jps": jps,
+                "seed": seed,
+                "repeat": repeat,
+                "summary": summary,
+                "replay": result.to_dict(),
+            }
+        )
+        print(
+            f"  {desc}: mean JCT {summary['jct_mean_s']:.2f}s, P95 {summary['jct_p95_s']:.2f}s, "
+            f"cache hit {summary['cache_hit_ratio']:.1%}, max wait {summary['max_request_wait_s']:.1f}s, "
+            f"failed requests {summary['failed_requests']}"
+        )
 
-    rows = [{"policy": r["policy"], "jps": r["jps"], "seed": r["seed"], "repeat": r["repeat"], **r["summary"]}
-            for r in runs]
+    rows = [
+        {"policy": r["policy"], "jps": r["jps"], "seed": r["seed"], "repeat": r["repeat"], **r["summary"]} for r in runs
+    ]
     table = markdown_table(rows)
     across = aggregate(runs)
     summary_md = seeds_table(across)
     head = "\n".join(headline(across, p) for p in policies if p.startswith("continuum"))
     command = "continuum-bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     report = {
-        "command": command, "workload": str(args.workload), "programs": len(programs), "seeds": seeds,
-        "repeat": args.repeat, "cpus": {"server": sorted(server_cpus or []), "client": sorted(client_cpus or [])},
-        "across_seeds": across, "headline": head,
-        "kv_pool_tokens": pool, "server_args": common, "server_env": extra_env, "policies": policies, "jps": jps_list,
-        "elapsed_s": time.time() - started, "rows": rows, "runs": runs,
+        "command": command,
+        "workload": str(args.workload),
+        "programs": len(programs),
+        "seeds": seeds,
+        "repeat": args.repeat,
+        "cpus": {"server": sorted(server_cpus or []), "client": sorted(client_cpus or [])},
+        "across_seeds": across,
+        "headline": head,
+        "kv_pool_tokens": pool,
+        "server_args": common,
+        "server_env": extra_env,
+        "policies": policies,
+        "jps": jps_list,
+        "elapsed_s": time.time() - started,
+        "rows": rows,
+        "runs": runs,
     }
     (args.out / "report.json").write_text(json.dumps(report, indent=1))
     pngs = plots(runs, args.out)
     md = [
-        f"# continuum-bench: {args.workload.name}", "", f"Command: `{command}`", "",
+        f"# continuum-bench: {args.workload.name}",
+        "",
+        f"Command: `{command}`",
+        "",
         f"{len(programs)} programs, {total_turns} turns, seeds {', '.join(map(str, seeds))}"
         f"{f' x {args.repeat} repeats' if args.repeat > 1 else ''}, policies interleaved. KV pool {pool} tokens "
         f"(sized to hold ~{args.pool_programs:g} average program contexts, so the workload runs under memory "
         "pressure: the regime where keeping a program's KV between turns matters). Server on cores "
-        f"{sorted(server_cpus) if server_cpus else 'all'}, replay client on {sorted(client_cpus) if client_cpus else 'all'}.", "",
-        *( [head, ""] if head else []),
-        "## Across seeds", "", summary_md, "",
+        f"{sorted(server_cpus) if server_cpus else 'all'}, replay client on {sorted(client_cpus) if client_cpus else 'all'}.",
+        "",
+        *([head, ""] if head else []),
+        "## Across seeds",
+        "",
+        summary_md,
+        "",
         "Median/IQR/worst over the per-run mean JCTs; ratio = fcfs's mean JCT / the policy's on the same seed; "
         "best stock = the SGLang policy (not fcfs) with the lowest median; collapsed = runs whose cache-hit ratio "
-        "fell below half the policy's median (the re-prefill spiral).", "",
-        "## Every run", "", table, "",
+        "fell below half the policy's median (the re-prefill spiral).",
+        "",
+        "## Every run",
+        "",
+        table,
+        "",
         "JCT: first request sent to last response, per program. turn queue: mean time a turn waited in "
-        "the server queue (SGLang's queue_time). cache hit: cached / prompt tokens.", "",
+        "the server queue (SGLang's queue_time). cache hit: cached / prompt tokens.",
+        "",
         *[f"![{p.stem}]({p.name})" for p in pngs],
     ]
     (args.out / "report.md").write_text("\n".join(md) + "\n")

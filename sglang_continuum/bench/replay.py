@@ -76,8 +76,12 @@ class ReplayResult:
         return {
             "wall_s": self.wall_s,
             "programs": [
-                {**{k: v for k, v in asdict(p).items() if k != "turns"}, "jct": p.jct, "ok": p.ok,
-                 "turns": [{**asdict(t), "ttft": t.ttft} for t in p.turns]}
+                {
+                    **{k: v for k, v in asdict(p).items() if k != "turns"},
+                    "jct": p.jct,
+                    "ok": p.ok,
+                    "turns": [{**asdict(t), "ttft": t.ttft} for t in p.turns],
+                }
                 for p in self.programs
             ],
         }
@@ -98,9 +102,19 @@ def _program_rng(seed: int, program_id: str) -> random.Random:
 
 
 class Replayer:
-    def __init__(self, url: str, *, api: str = "sglang", model: str = "default", vocab: int = 500,
-                 seed: int = 0, timeout_s: float = 900.0, send_program_id: bool = True,
-                 close_sessions: bool = False, on_turn: Optional[Callable[[TurnRecord], None]] = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        api: str = "sglang",
+        model: str = "default",
+        vocab: int = 500,
+        seed: int = 0,
+        timeout_s: float = 900.0,
+        send_program_id: bool = True,
+        close_sessions: bool = False,
+        on_turn: Optional[Callable[[TurnRecord], None]] = None,
+    ) -> None:
         if api not in ("sglang", "openai"):
             raise ValueError("api must be 'sglang' or 'openai'")
         self.url = url.rstrip("/")
@@ -133,15 +147,22 @@ class Replayer:
                 body["session_id"] = program.program_id
             return "/generate", body, headers
         body = {
-            "model": self.model, "prompt": ids, "max_tokens": turn.output_tokens, "ignore_eos": True,
-            "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True},
+            "model": self.model,
+            "prompt": ids,
+            "max_tokens": turn.output_tokens,
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
         }
         if self.send_program_id:
             body["custom_params"] = custom
             body["session_id"] = program.program_id
         return "/v1/completions", body, headers
 
-    async def _send(self, client: httpx.AsyncClient, rec: TurnRecord, path: str, body: dict, headers: dict) -> list[int]:
+    async def _send(
+        self, client: httpx.AsyncClient, rec: TurnRecord, path: str, body: dict, headers: dict
+    ) -> list[int]:
         output_ids: list[int] = []
         async with client.stream("POST", self.url + path, json=body, headers=headers) as resp:
             if resp.status_code != 200:

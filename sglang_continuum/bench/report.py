@@ -46,29 +46,45 @@ def summarize(result: ReplayResult) -> dict:
         "failed_requests": sum(t.error is not None for t in turns),
         "errors": sorted({t.error for t in turns if t.error})[:5],
         "jct_mean_s": float(jcts.mean()) if jcts.size else float("nan"),
-        "jct_median_s": pct(50), "jct_p90_s": pct(90), "jct_p95_s": pct(95), "jct_p99_s": pct(99),
+        "jct_median_s": pct(50),
+        "jct_p90_s": pct(90),
+        "jct_p95_s": pct(95),
+        "jct_p99_s": pct(99),
         "programs_per_s": len(jcts) / result.wall_s if result.wall_s else 0.0,
         "tokens_per_s": (prompt + out_tokens) / result.wall_s if result.wall_s else 0.0,
         "mean_turn_wait_s": float(np.mean(waits)) if waits else float("nan"),
         "max_request_wait_s": float(np.max(waits)) if waits else float("nan"),
         "p99_request_latency_s": float(np.percentile([t.finish - t.send for t in ok_turns if t.finish is not None], 99))
-        if ok_turns else float("nan"),
+        if ok_turns
+        else float("nan"),
         "mean_ttft_s": float(np.mean([t.ttft for t in ok_turns if t.ttft is not None])) if ok_turns else float("nan"),
         "cache_hit_ratio": cached / prompt if prompt else 0.0,
-        "prompt_tokens": prompt, "cached_tokens": cached, "output_tokens": out_tokens,
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "output_tokens": out_tokens,
         "wall_s": result.wall_s,
         **{k: after.get(v, 0.0) - before.get(v, 0.0) for k, v in PIN_SERIES.items()},
     }
 
 
 COLUMNS = [
-    ("policy", "policy", "{}"), ("jps", "jps", "{:g}"), ("jct_mean_s", "mean JCT s", "{:.2f}"),
-    ("jct_median_s", "median", "{:.2f}"), ("jct_p90_s", "P90", "{:.2f}"), ("jct_p95_s", "P95", "{:.2f}"),
-    ("jct_p99_s", "P99", "{:.2f}"), ("programs_per_s", "programs/s", "{:.3f}"), ("tokens_per_s", "tokens/s", "{:.0f}"),
-    ("mean_turn_wait_s", "turn queue s", "{:.3f}"), ("max_request_wait_s", "max wait s", "{:.1f}"),
+    ("policy", "policy", "{}"),
+    ("jps", "jps", "{:g}"),
+    ("jct_mean_s", "mean JCT s", "{:.2f}"),
+    ("jct_median_s", "median", "{:.2f}"),
+    ("jct_p90_s", "P90", "{:.2f}"),
+    ("jct_p95_s", "P95", "{:.2f}"),
+    ("jct_p99_s", "P99", "{:.2f}"),
+    ("programs_per_s", "programs/s", "{:.3f}"),
+    ("tokens_per_s", "tokens/s", "{:.0f}"),
+    ("mean_turn_wait_s", "turn queue s", "{:.3f}"),
+    ("max_request_wait_s", "max wait s", "{:.1f}"),
     ("cache_hit_ratio", "cache hit", "{:.1%}"),
-    ("pin_hits", "pin hits", "{:.0f}"), ("pin_expiries", "expiries", "{:.0f}"), ("pin_sheds", "sheds", "{:.0f}"),
-    ("host_loaded_tokens", "host-loaded tokens", "{:.0f}"), ("failed_requests", "failed", "{}"),
+    ("pin_hits", "pin hits", "{:.0f}"),
+    ("pin_expiries", "expiries", "{:.0f}"),
+    ("pin_sheds", "sheds", "{:.0f}"),
+    ("host_loaded_tokens", "host-loaded tokens", "{:.0f}"),
+    ("failed_requests", "failed", "{}"),
 ]
 
 
@@ -81,8 +97,12 @@ def baseline_of(policy: str, baseline: str = "fcfs") -> str:
 
 def markdown_table(rows: list[dict], baseline: str = "fcfs") -> str:
     seeded = any("seed" in r for r in rows)
-    head = ([c[1] for c in COLUMNS[:2]] + (["seed"] if seeded else []) + [c[1] for c in COLUMNS[2:]]
-            + [f"mean JCT vs {baseline}", f"P95 vs {baseline}"])
+    head = (
+        [c[1] for c in COLUMNS[:2]]
+        + (["seed"] if seeded else [])
+        + [c[1] for c in COLUMNS[2:]]
+        + [f"mean JCT vs {baseline}", f"P95 vs {baseline}"]
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     base = {(r["jps"], r.get("seed"), r.get("repeat"), r["policy"]): r for r in rows}
     for r in rows:
@@ -138,8 +158,16 @@ def plots(runs: list[dict], out_dir: Path) -> list[Path]:
     if len(jps_values) > 1:
         fig, ax = plt.subplots(figsize=(6, 4))
         for policy in policies:
-            pts = [(j, float(np.median([r["summary"]["jct_mean_s"] for r in runs if r["policy"] == policy and r["jps"] == j])))
-                   for j in jps_values if any(r["policy"] == policy and r["jps"] == j for r in runs)]
+            pts = [
+                (
+                    j,
+                    float(
+                        np.median([r["summary"]["jct_mean_s"] for r in runs if r["policy"] == policy and r["jps"] == j])
+                    ),
+                )
+                for j in jps_values
+                if any(r["policy"] == policy and r["jps"] == j for r in runs)
+            ]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=policy)
         ax.set(xlabel="jobs per second", ylabel="mean JCT (s), median over seeds", title="Mean JCT vs load")
         ax.grid(alpha=0.3)

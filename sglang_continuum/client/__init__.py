@@ -24,8 +24,13 @@ from sglang_continuum.client.params import (
     routing_headers,
 )
 
-__all__ = ["ROUTING_HEADER", "continuum_custom_params", "continuum_extra_body", "routing_headers",
-           "ContinuumRuntimeEndpoint"]
+__all__ = [
+    "ROUTING_HEADER",
+    "continuum_custom_params",
+    "continuum_extra_body",
+    "routing_headers",
+    "ContinuumRuntimeEndpoint",
+]
 
 
 def __getattr__(name: str):

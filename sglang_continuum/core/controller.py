@@ -392,7 +392,9 @@ class ContinuumController:
             "pins": {"live": len(self.pins), "tokens": self.pins.pinned_tokens, "budget": self.pins.budget_tokens},
             "counters": counter_values(self.counters),
             "host_pins": {
-                "live": len(self.host_pins), "tokens": self.host_pins.pinned_tokens, "budget": self.host_pins.budget_tokens,
+                "live": len(self.host_pins),
+                "tokens": self.host_pins.pinned_tokens,
+                "budget": self.host_pins.budget_tokens,
             },
             "host_counters": counter_values(self.host_counters),
             "admission": counter_values(self.admission),

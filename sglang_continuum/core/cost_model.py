@@ -59,8 +59,13 @@ class PrefillProfile:
     @classmethod
     def load(cls, path: str | Path) -> "PrefillProfile":
         data = json.loads(Path(path).read_text())
-        return cls(tuple(data["coeffs"]), name=data.get("name", Path(path).stem), notes=data.get("notes", ""),
-                   points=data.get("points", []), host_bytes_per_s=data.get("host_bytes_per_s"))
+        return cls(
+            tuple(data["coeffs"]),
+            name=data.get("name", Path(path).stem),
+            notes=data.get("notes", ""),
+            points=data.get("points", []),
+            host_bytes_per_s=data.get("host_bytes_per_s"),
+        )
 
     def to_dict(self) -> dict:
         out = {"name": self.name, "coeffs": list(self.coeffs), "points": self.points, "notes": self.notes}
@@ -221,8 +226,13 @@ class CostModelTTL(_SignalModel):
             return 0.0
         benefit = self.profile.seconds(query.context_tokens) - self.reload.seconds(query.context_tokens)
         window, _ = self.window_for(query.tool)
-        return host_ttl(None if window is None else window.sorted, elapsed_s, benefit, self.host_hold_cost,
-                        cap_s=self.settings.max_host_ttl_s)
+        return host_ttl(
+            None if window is None else window.sorted,
+            elapsed_s,
+            benefit,
+            self.host_hold_cost,
+            cap_s=self.settings.max_host_ttl_s,
+        )
 
     def ttl(self, query: TTLQuery) -> float:
         self.last = self.decide(query)

@@ -84,4 +84,3 @@ def predicted_return(sorted_samples: Optional[np.ndarray], elapsed: float, quant
     if rest.size == 0:
         return 0.0  # overdue: it is expected any moment
     return float(np.quantile(rest, quantile, method="inverted_cdf"))
-

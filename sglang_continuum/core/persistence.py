@@ -134,8 +134,9 @@ class StatsSaver:
             kind = type(exc).__name__
             if kind not in self._reported:  # once per kind: a full disk must not flood the log
                 self._reported.add(kind)
-                logger.error("continuum: saving tool statistics to %s failed (%s: %s); serving continues",
-                             self.path, kind, exc)
+                logger.error(
+                    "continuum: saving tool statistics to %s failed (%s: %s); serving continues", self.path, kind, exc
+                )
             return False
         self.saved += 1
         return True

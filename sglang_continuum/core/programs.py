@@ -98,7 +98,9 @@ class ProgramRegistry:
             self._set_context(state, context_tokens)
         return state
 
-    def turn_finished(self, program_id: str, now: float, tool: Optional[str], context_tokens: int) -> Optional[ProgramState]:
+    def turn_finished(
+        self, program_id: str, now: float, tool: Optional[str], context_tokens: int
+    ) -> Optional[ProgramState]:
         """None for a straggler: a turn of a program already ended or forgotten (it must not
         bring the program back with a new rank)."""
         state = self._programs.get(program_id)

@@ -33,45 +33,93 @@ SERIES: tuple[Series, ...] = (
     Series("pinned_tokens", "gauge", "gauge.pinned_tokens", "Tokens held by TTL pins (path lengths)."),
     Series("pin_budget_tokens", "gauge", "gauge.pin_budget_tokens", "Most tokens pins may hold."),
     Series("tracked_programs", "gauge", "gauge.tracked_programs", "Programs the registry remembers."),
-    Series("programs_in_flight", "gauge", "gauge.programs_in_flight",
-           "Programs in the working set (admitted, seen within working_set_window_s)."),
+    Series(
+        "programs_in_flight",
+        "gauge",
+        "gauge.programs_in_flight",
+        "Programs in the working set (admitted, seen within working_set_window_s).",
+    ),
     Series("working_set_tokens", "gauge", "gauge.working_set_tokens", "Current context tokens of programs in flight."),
-    Series("programs_held_back", "gauge", "gauge.programs_held_back",
-           "Waiting first turns of new programs that admission control is holding back."),
-    Series("oldest_wait_seconds", "gauge", "gauge.oldest_wait_seconds", "How long the oldest waiting request has waited."),
+    Series(
+        "programs_held_back",
+        "gauge",
+        "gauge.programs_held_back",
+        "Waiting first turns of new programs that admission control is holding back.",
+    ),
+    Series(
+        "oldest_wait_seconds", "gauge", "gauge.oldest_wait_seconds", "How long the oldest waiting request has waited."
+    ),
     # pin counters
     Series("pins_created", "counter", "counters.created", "Pins created after a non-final turn."),
     Series("pin_hits", "counter", "counters.hits", "Next turns admitted while their pin held the prefix."),
     Series("pin_expiries", "counter", "counters.expired", "Pins released at their deadline."),
     Series("pin_sheds", "counter", "counters.shed", "Pins released early under memory, admission or budget pressure."),
     Series("pins_refused", "counter", "counters.refused", "Pins not created: budget held by earlier programs."),
-    Series("pin_releases", "counter", "counters.released",
-           "Pins released by last step, abort, retraction, replacement or a forgotten program."),
+    Series(
+        "pin_releases",
+        "counter",
+        "counters.released",
+        "Pins released by last step, abort, retraction, replacement or a forgotten program.",
+    ),
     Series("pins_flushed", "counter", "counters.flushed", "Pins dropped with the whole cache by /flush_cache."),
     # admission
-    Series("held_back_requests", "counter", "admission.held_back",
-           "New programs' first turns admission control kept waiting (once per request)."),
-    Series("admission_sheds", "counter", "admission.admission_sheds",
-           "Pins shed so that a blocked turn ranked above them could be admitted."),
+    Series(
+        "held_back_requests",
+        "counter",
+        "admission.held_back",
+        "New programs' first turns admission control kept waiting (once per request).",
+    ),
+    Series(
+        "admission_sheds",
+        "counter",
+        "admission.admission_sheds",
+        "Pins shed so that a blocked turn ranked above them could be admitted.",
+    ),
     # statistics persistence
     Series("stats_saves", "counter", "saver.saved", "Tool statistics written to stats_path."),
     Series("stats_save_failures", "counter", "saver.failures", "Failed statistics writes (serving continues)."),
     # histogram
     Series("ttl_seconds", "histogram", "ttl", "TTL chosen per pin decision."),
     # host tier (HiCache)
-    Series("host_pinned_programs", "gauge", "gauge.host_pinned_programs", "Programs whose host copy is protected.", True),
+    Series(
+        "host_pinned_programs", "gauge", "gauge.host_pinned_programs", "Programs whose host copy is protected.", True
+    ),
     Series("host_pinned_tokens", "gauge", "gauge.host_pinned_tokens", "Host tokens protected by host pins.", True),
-    Series("offloads", "counter", "host.offloaded", "Expired or shed pins whose prefix went to a protected host copy.", True),
+    Series(
+        "offloads",
+        "counter",
+        "host.offloaded",
+        "Expired or shed pins whose prefix went to a protected host copy.",
+        True,
+    ),
     Series("offload_failures", "counter", "host.offload_failed", "Offloads that found no host room.", True),
     Series("host_hits", "counter", "host.host_hits", "Returning turns that loaded their prefix back from host.", True),
-    Series("host_hit_tokens", "counter", "host.host_hit_tokens", "Tokens loaded back from host instead of recomputed.", True),
+    Series(
+        "host_hit_tokens",
+        "counter",
+        "host.host_hit_tokens",
+        "Tokens loaded back from host instead of recomputed.",
+        True,
+    ),
     Series("host_pin_expiries", "counter", "host.host_expired", "Host pins released at their host TTL.", True),
-    Series("host_pin_releases", "counter", "host.host_released",
-           "Host pins released by return, last step, abort, budget or flush.", True),
+    Series(
+        "host_pin_releases",
+        "counter",
+        "host.host_released",
+        "Host pins released by return, last step, abort, budget or flush.",
+        True,
+    ),
     Series("predictive_reloads_started", "counter", "host.reloads_started", "Predictive reloads started.", True),
-    Series("predictive_reloads_used", "counter", "host.reloads_used",
-           "Predictive reloads the returning turn found on device.", True),
-    Series("predictive_reloads_wasted", "counter", "host.reloads_wasted", "Predictive reloads evicted or never used.", True),
+    Series(
+        "predictive_reloads_used",
+        "counter",
+        "host.reloads_used",
+        "Predictive reloads the returning turn found on device.",
+        True,
+    ),
+    Series(
+        "predictive_reloads_wasted", "counter", "host.reloads_wasted", "Predictive reloads evicted or never used.", True
+    ),
 )
 
 BY_SOURCE: dict[str, Series] = {s.source: s for s in SERIES}

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 ENV_PREFIX = "SGLANG_CONTINUUM_"
 CONFIG_ENV = ENV_PREFIX + "CONFIG"
 
+
 class ContinuumSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -68,8 +69,10 @@ class ContinuumSettings(BaseModel):
     host_ttl_s: float = Field(60.0, ge=0, description="host-copy TTL for the fixed/reference/bernstein models")
     max_host_ttl_s: float = Field(300.0, ge=0, description="cap on any host-copy TTL")
     host_bandwidth_bytes_per_s: Optional[float] = Field(
-        None, gt=0, description="host-to-device bandwidth for the reload cost; unset: the prefill "
-        "profile's measured value, else a conservative 6 GB/s"
+        None,
+        gt=0,
+        description="host-to-device bandwidth for the reload cost; unset: the prefill "
+        "profile's measured value, else a conservative 6 GB/s",
     )
     predictive_reload: bool = Field(False, description="load a host-only prefix back before its tool returns")
     predictive_reload_quantile: float = Field(0.5, gt=0, le=1, description="predicted return = this quantile")
@@ -84,7 +87,8 @@ class ContinuumSettings(BaseModel):
 
     # statistics persistence (warm start)
     stats_path: Optional[str] = Field(
-        None, description="tool statistics loaded at start, saved periodically (off the scheduler's step) and at shutdown"
+        None,
+        description="tool statistics loaded at start, saved periodically (off the scheduler's step) and at shutdown",
     )
     stats_save_interval_s: float = Field(30.0, gt=0)
 

@@ -96,7 +96,9 @@ def optimal_ttl(samples, benefit_s: float, cap_s: float = math.inf) -> float:
     return argmax_sorted(s, float(benefit_s), cap_s=cap_s)
 
 
-def argmax_sorted(s: np.ndarray, benefit_s: float, ranks: Optional[np.ndarray] = None, *, cap_s: float = math.inf) -> float:
+def argmax_sorted(
+    s: np.ndarray, benefit_s: float, ranks: Optional[np.ndarray] = None, *, cap_s: float = math.inf
+) -> float:
     """``optimal_ttl`` for samples already sorted; ``ranks`` (i/n) may be passed in cached."""
     n = s.size
     if ranks is None:

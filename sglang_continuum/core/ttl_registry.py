@@ -10,7 +10,9 @@ from sglang_continuum.core.ttl import FixedTTL, ReferenceTTL, TTLModel
 
 
 def _cost(settings, stats: ToolStats) -> TTLModel:
-    profile: Optional[PrefillProfile] = PrefillProfile.load(settings.prefill_profile) if settings.prefill_profile else None
+    profile: Optional[PrefillProfile] = (
+        PrefillProfile.load(settings.prefill_profile) if settings.prefill_profile else None
+    )
     return CostModelTTL(settings, stats, profile)
 
 

@@ -27,14 +27,23 @@ from sglang_continuum.core.metadata import ProgramMeta
 
 def make_params(size: int) -> CacheInitParams:
     kv = MHATokenToKVPool(
-        size=size, page_size=1, dtype=torch.float32, head_num=1, head_dim=4, layer_num=1,
-        device="cpu", enable_memory_saver=False,
+        size=size,
+        page_size=1,
+        dtype=torch.float32,
+        head_num=1,
+        head_dim=4,
+        layer_num=1,
+        device="cpu",
+        enable_memory_saver=False,
     )
     allocator = TokenToKVPoolAllocator(size=size, dtype=torch.float32, device="cpu", kvcache=kv, need_sort=False)
     req_to_token = ReqToTokenPool(size=8, max_context_len=4096, device="cpu", enable_memory_saver=False)
     return CacheInitParams(
-        disable=False, req_to_token_pool=req_to_token, token_to_kv_pool_allocator=allocator,
-        page_size=1, tree_components=(ComponentType.FULL,),
+        disable=False,
+        req_to_token_pool=req_to_token,
+        token_to_kv_pool_allocator=allocator,
+        page_size=1,
+        tree_components=(ComponentType.FULL,),
     )
 
 

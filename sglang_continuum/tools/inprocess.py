@@ -49,8 +49,15 @@ class SchedulerDriver:
         self.reqs: dict[str, object] = {}
         self.admitted: list[str] = []  # rids in the order prefill batches took them
 
-    def submit(self, input_ids, *, max_new_tokens: int = 4, custom_params: Optional[dict] = None,
-               session_id: Optional[str] = None, rid: Optional[str] = None) -> str:
+    def submit(
+        self,
+        input_ids,
+        *,
+        max_new_tokens: int = 4,
+        custom_params: Optional[dict] = None,
+        session_id: Optional[str] = None,
+        rid: Optional[str] = None,
+    ) -> str:
         from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
         from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -60,9 +67,18 @@ class SchedulerDriver:
         sp.verify(self.s.model_config.vocab_size)
         self.s.handle_generate_request(
             TokenizedGenerateReqInput(
-                rid=rid, input_text=None, input_ids=array("q", input_ids), input_embeds=None,
-                mm_inputs=None, token_type_ids=None, sampling_params=sp, return_logprob=False,
-                logprob_start_len=-1, top_logprobs_num=0, token_ids_logprob=None, stream=False,
+                rid=rid,
+                input_text=None,
+                input_ids=array("q", input_ids),
+                input_embeds=None,
+                mm_inputs=None,
+                token_type_ids=None,
+                sampling_params=sp,
+                return_logprob=False,
+                logprob_start_len=-1,
+                top_logprobs_num=0,
+                token_ids_logprob=None,
+                stream=False,
                 session_id=session_id,
             )
         )

@@ -95,9 +95,13 @@ def bench_calc_priority(model_path: str, waiting: int, pins: int) -> dict:
 
     out["continuum_after_pin_change"] = timeit(after_pin_change, 50)
     stock_us = out["stock_fcfs"]["median_us"]
-    return {"waiting_requests": len(queue), "pinned_programs": len(cache.controller.pins),
-            "added_us_unchanged": out["continuum_unchanged"]["median_us"] - stock_us,
-            "added_us_after_arrival": out["continuum_after_arrival"]["median_us"] - stock_us, **out}
+    return {
+        "waiting_requests": len(queue),
+        "pinned_programs": len(cache.controller.pins),
+        "added_us_unchanged": out["continuum_unchanged"]["median_us"] - stock_us,
+        "added_us_after_arrival": out["continuum_after_arrival"]["median_us"] - stock_us,
+        **out,
+    }
 
 
 def bench_vocab_check(sizes=(1_000, 32_000, 128_000)) -> list[dict]:
@@ -105,14 +109,22 @@ def bench_vocab_check(sizes=(1_000, 32_000, 128_000)) -> list[dict]:
 
     from sglang_continuum.adapter.plugin import _before_validate_request
 
-    manager = SimpleNamespace(server_args=SimpleNamespace(schedule_policy="continuum"),
-                              model_config=SimpleNamespace(vocab_size=128_256))
+    manager = SimpleNamespace(
+        server_args=SimpleNamespace(schedule_policy="continuum"), model_config=SimpleNamespace(vocab_size=128_256)
+    )
     rows = []
     for n in sizes:
         ids = [random.randrange(0, 128_256) for _ in range(n)]
         by_text = SimpleNamespace(input_ids=None)  # the tokenizer made the ids: nothing to check
-        rows.append({"tokens": n, "input_ids_request": timeit(lambda: _before_validate_request(manager, SimpleNamespace(
-            input_ids=ids), ids), 200), "text_request": timeit(lambda: _before_validate_request(manager, by_text, ids), 200)})
+        rows.append(
+            {
+                "tokens": n,
+                "input_ids_request": timeit(
+                    lambda: _before_validate_request(manager, SimpleNamespace(input_ids=ids), ids), 200
+                ),
+                "text_request": timeit(lambda: _before_validate_request(manager, by_text, ids), 200),
+            }
+        )
     return rows
 
 
@@ -136,9 +148,11 @@ def bench_expiry(sizes=(100, 1000, 10_000, 100_000)) -> list[dict]:
         nothing_due = timeit(lambda: c.step(lambda pid: False), 2000)
         clock.now = 1000.0  # first pins are due now; then advance by 1% of pins per step
         step = 10.0  # 1% of the 1000 s spread
+
         def one_percent():
             clock.advance(step)
             c.step(lambda pid: False)
+
         due = timeit(one_percent, 50)
         rows.append({"pins": n, "nothing_due": nothing_due, "one_percent_due": due, "pins_per_step": n // 100})
     return rows
@@ -173,14 +187,23 @@ def bench_ttl_decision(sizes=(100, 10_000, 100_000)) -> list[dict]:
         for x in rng.lognormal(0.0, 1.5, size=200):
             stats.record("bash", float(x))
         record_us = (time.perf_counter() - t0) / 200 * 1e6
-        rows.append({"samples": n, "decision": r, "host_ttl_decision": host, "record_sample_us": record_us,
-                     "ttl_s": model.last.ttl})
+        rows.append(
+            {
+                "samples": n,
+                "decision": r,
+                "host_ttl_decision": host,
+                "record_sample_us": record_us,
+                "ttl_s": model.last.ttl,
+            }
+        )
     return rows
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=".models/tiny-llama", help="the embedded tiny model (scripts/setup.sh builds it)")
+    ap.add_argument(
+        "--model", default=".models/tiny-llama", help="the embedded tiny model (scripts/setup.sh builds it)"
+    )
     ap.add_argument("--waiting", type=int, default=1000)
     ap.add_argument("--pins", type=int, default=10_000)
     ap.add_argument("--out", type=Path, default=Path("docs/results/overhead-cpu.json"))
@@ -196,23 +219,31 @@ def main(argv=None) -> int:
     args.out.write_text(json.dumps(report, indent=2))
     print("TTL decision (cost model):")
     for r in report["ttl_decision"]:
-        print(f"  {r['samples']:>7} samples: {r['decision']['median_us']:8.1f} us median, "
-              f"{r['decision']['p90_us']:8.1f} us p90; host TTL {r['host_ttl_decision']['median_us']:8.1f} us; "
-              f"record a sample {r['record_sample_us']:.1f} us")
+        print(
+            f"  {r['samples']:>7} samples: {r['decision']['median_us']:8.1f} us median, "
+            f"{r['decision']['p90_us']:8.1f} us p90; host TTL {r['host_ttl_decision']['median_us']:8.1f} us; "
+            f"record a sample {r['record_sample_us']:.1f} us"
+        )
     print("Out-of-vocabulary check per request:")
     for r in report["vocab_check"]:
-        print(f"  {r['tokens']:>7} tokens: {r['input_ids_request']['median_us']:8.1f} us for an input_ids request, "
-              f"{r['text_request']['median_us']:6.2f} us for a text request")
+        print(
+            f"  {r['tokens']:>7} tokens: {r['input_ids_request']['median_us']:8.1f} us for an input_ids request, "
+            f"{r['text_request']['median_us']:6.2f} us for a text request"
+        )
     print("Controller step (expiry) per scheduler step:")
     for r in report["expiry"]:
-        print(f"  {r['pins']:>7} pins: {r['nothing_due']['median_us']:7.2f} us (none due), "
-              f"{r['one_percent_due']['median_us']:9.1f} us ({r['pins_per_step']} due)")
+        print(
+            f"  {r['pins']:>7} pins: {r['nothing_due']['median_us']:7.2f} us (none due), "
+            f"{r['one_percent_due']['median_us']:9.1f} us ({r['pins_per_step']} due)"
+        )
     cp = report["calc_priority"]
-    print(f"calc_priority, {cp['waiting_requests']} waiting, {cp['pinned_programs']} pins: stock fcfs "
-          f"{cp['stock_fcfs']['median_us'] / 1000:.3f} ms; continuum {cp['continuum_unchanged']['median_us'] / 1000:.3f} ms "
-          f"when nothing changed (added {cp['added_us_unchanged'] / 1000:.3f} ms), "
-          f"{cp['continuum_after_arrival']['median_us'] / 1000:.3f} ms after an arrival, "
-          f"{cp['continuum_after_pin_change']['median_us'] / 1000:.3f} ms after a pin change")
+    print(
+        f"calc_priority, {cp['waiting_requests']} waiting, {cp['pinned_programs']} pins: stock fcfs "
+        f"{cp['stock_fcfs']['median_us'] / 1000:.3f} ms; continuum {cp['continuum_unchanged']['median_us'] / 1000:.3f} ms "
+        f"when nothing changed (added {cp['added_us_unchanged'] / 1000:.3f} ms), "
+        f"{cp['continuum_after_arrival']['median_us'] / 1000:.3f} ms after an arrival, "
+        f"{cp['continuum_after_pin_change']['median_us'] / 1000:.3f} ms after a pin change"
+    )
     print(f"report: {args.out}")
     return 0
 

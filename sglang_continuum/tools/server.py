@@ -40,8 +40,17 @@ class SGLangServer:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.cmd = [
-            sys.executable, "-m", "sglang.launch_server", "--model-path", model_path,
-            "--host", "127.0.0.1", "--port", str(self.port), *(CPU_FLAGS if cpu else ()), *args,
+            sys.executable,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            model_path,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *(CPU_FLAGS if cpu else ()),
+            *args,
         ]
         self.env = {**os.environ, **({"SGLANG_USE_CPU_ENGINE": "1"} if cpu else {}), **(env or {})}
         self.log_path = log_path
@@ -53,8 +62,9 @@ class SGLangServer:
         log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
         # A new session lets stop() take down the launcher and every scheduler it spawned.
         pin = (lambda: os.sched_setaffinity(0, self.cpus)) if self.cpus else None
-        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True, preexec_fn=pin)
+        self.proc = subprocess.Popen(
+            self.cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=pin
+        )
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -39,8 +39,9 @@ def _corpus(seed: int, lines: int = 4000) -> list[str]:
     return out
 
 
-def build(out: Path, *, seed: int = 0, vocab_size: int = 1024, hidden: int = 64, layers: int = 2,
-          max_positions: int = 32768) -> Path:
+def build(
+    out: Path, *, seed: int = 0, vocab_size: int = 1024, hidden: int = 64, layers: int = 2, max_positions: int = 32768
+) -> Path:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -57,7 +58,10 @@ def build(out: Path, *, seed: int = 0, vocab_size: int = 1024, hidden: int = 64,
     )
     tok.train_from_iterator(_corpus(seed), trainer=trainer)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+        tokenizer_object=tok,
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
         additional_special_tokens=SPECIAL_TOKENS[3:],
     )
     fast.chat_template = CHAT_TEMPLATE
@@ -66,9 +70,16 @@ def build(out: Path, *, seed: int = 0, vocab_size: int = 1024, hidden: int = 64,
 
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=len(fast), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
-        bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id, tie_word_embeddings=True,
+        vocab_size=len(fast),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        bos_token_id=fast.bos_token_id,
+        eos_token_id=fast.eos_token_id,
+        tie_word_embeddings=True,
         torch_dtype="float32",
     )
     model = LlamaForCausalLM(config)

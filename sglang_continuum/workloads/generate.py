@@ -50,14 +50,32 @@ class WorkloadSpec:
 
 SPECS = {
     "swe": WorkloadSpec(
-        "swe", 10.9, 2.1, 0.925, 3.550, 70_126, 19_732, 0.12, 180,
-        ToolMix(("python", "grep", "find", "cat", "sed", "ls", "git", "pytest"),
-                (0.22, 0.18, 0.10, 0.16, 0.10, 0.08, 0.06, 0.10),
-                (0.8, 0.4, 0.6, 0.2, 0.3, 0.2, 0.5, 4.6)),
+        "swe",
+        10.9,
+        2.1,
+        0.925,
+        3.550,
+        70_126,
+        19_732,
+        0.12,
+        180,
+        ToolMix(
+            ("python", "grep", "find", "cat", "sed", "ls", "git", "pytest"),
+            (0.22, 0.18, 0.10, 0.16, 0.10, 0.08, 0.06, 0.10),
+            (0.8, 0.4, 0.6, 0.2, 0.3, 0.2, 0.5, 4.6),
+        ),
         0.5,
     ),
     "bfcl": WorkloadSpec(
-        "bfcl", 6.3, 2.3, 1.923, 2.133, 93_256, 68_687, 0.05, 150,
+        "bfcl",
+        6.3,
+        2.3,
+        1.923,
+        2.133,
+        93_256,
+        68_687,
+        0.05,
+        150,
         ToolMix(("web_search", "fetch_url", "calculator"), (0.45, 0.45, 0.10), (0.7, 1.5, 0.1)),
         0.8,
     ),
@@ -69,9 +87,17 @@ def _lognormal_params(mean: float, std: float) -> tuple[float, float]:
     return math.log(mean) - sigma2 / 2.0, math.sqrt(sigma2)
 
 
-def generate(kind: str, programs: int, *, seed: int = 0, token_scale: float = 1.0, turn_repeat: int = 1,
-             min_turns: int = 2, max_tool_s: float = float("inf"),
-             output_scale: float | None = None) -> list[Program]:
+def generate(
+    kind: str,
+    programs: int,
+    *,
+    seed: int = 0,
+    token_scale: float = 1.0,
+    turn_repeat: int = 1,
+    min_turns: int = 2,
+    max_tool_s: float = float("inf"),
+    output_scale: float | None = None,
+) -> list[Program]:
     """``max_tool_s`` clips tool durations (short CPU runs; the full tail is the default);
     ``output_scale`` scales output tokens separately (default: ``token_scale``), e.g. to keep
     decode, which holds KV while it runs, a realistic share of the work for a tiny model."""
@@ -106,18 +132,20 @@ def generate(kind: str, programs: int, *, seed: int = 0, token_scale: float = 1.
             turns = (body * turn_repeat)[: n * turn_repeat]
             turns[-1] = (turns[-1][0], turns[-1][1], None, 0.0)
         div = turn_repeat
-        out.append(Program(
-            program_id=f"{kind}-{seed}-{i:04d}",
-            turns=[
-                Turn(
-                    append_tokens=max(1, int(round(a * token_scale / div))),
-                    output_tokens=max(1, int(round(o * output_scale / div))),
-                    tool=tool,
-                    tool_duration_s=round(d, 4),
-                )
-                for a, o, tool, d in turns
-            ],
-        ))
+        out.append(
+            Program(
+                program_id=f"{kind}-{seed}-{i:04d}",
+                turns=[
+                    Turn(
+                        append_tokens=max(1, int(round(a * token_scale / div))),
+                        output_tokens=max(1, int(round(o * output_scale / div))),
+                        tool=tool,
+                        tool_duration_s=round(d, 4),
+                    )
+                    for a, o, tool, d in turns
+                ],
+            )
+        )
     return out
 
 
@@ -127,10 +155,12 @@ def summary(programs: list[Program]) -> dict:
     tokens = np.array([p.context_tokens for p in programs])
     return {
         "programs": len(programs),
-        "turns_mean": float(turns.mean()), "turns_std": float(turns.std()),
+        "turns_mean": float(turns.mean()),
+        "turns_std": float(turns.std()),
         "tool_ms_mean": float(tools.mean() * 1000) if tools.size else 0.0,
         "tool_ms_std": float(tools.std() * 1000) if tools.size else 0.0,
-        "tokens_mean": float(tokens.mean()), "tokens_std": float(tokens.std()),
+        "tokens_mean": float(tokens.mean()),
+        "tokens_std": float(tokens.std()),
     }
 
 
@@ -145,8 +175,15 @@ def main(argv=None) -> int:
     ap.add_argument("--output-scale", type=float, default=None, help="output token scale (default: --token-scale)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
-    programs = generate(args.kind, args.programs, seed=args.seed, token_scale=args.token_scale,
-                        turn_repeat=args.turn_repeat, max_tool_s=args.max_tool_s, output_scale=args.output_scale)
+    programs = generate(
+        args.kind,
+        args.programs,
+        seed=args.seed,
+        token_scale=args.token_scale,
+        turn_repeat=args.turn_repeat,
+        max_tool_s=args.max_tool_s,
+        output_scale=args.output_scale,
+    )
     dump_workload(programs, args.out)
     print(f"wrote {args.out}: {summary(programs)}")
     return 0

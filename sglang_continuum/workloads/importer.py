@@ -60,8 +60,9 @@ def _duration(m: dict, default: float) -> float:
     return default
 
 
-def messages_to_program(program_id: str, messages: list[dict], count: Counter, *, default_tool_s: float = 1.0,
-                        keep_text: bool = False) -> Program:
+def messages_to_program(
+    program_id: str, messages: list[dict], count: Counter, *, default_tool_s: float = 1.0, keep_text: bool = False
+) -> Program:
     turns: list[Turn] = []
     pending: list[str] = []
     assistants = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
@@ -73,16 +74,20 @@ def messages_to_program(program_id: str, messages: list[dict], count: Counter, *
             continue
         last = i == assistants[-1]
         appended = "\n".join(pending)
-        tool = None if last else (
-            from_openai_tool_calls(m.get("tool_calls")) or from_text(_text(m.get("content"))) or "unknown"
+        tool = (
+            None
+            if last
+            else (from_openai_tool_calls(m.get("tool_calls")) or from_text(_text(m.get("content"))) or "unknown")
         )
-        turns.append(Turn(
-            append_tokens=max(1, count(appended)),
-            output_tokens=max(1, count(_message_text(m))),
-            tool=tool,
-            tool_duration_s=0.0 if last else _duration(m, default_tool_s),
-            text=appended if keep_text else None,
-        ))
+        turns.append(
+            Turn(
+                append_tokens=max(1, count(appended)),
+                output_tokens=max(1, count(_message_text(m))),
+                tool=tool,
+                tool_duration_s=0.0 if last else _duration(m, default_tool_s),
+                text=appended if keep_text else None,
+            )
+        )
         pending = []
     return Program(program_id=program_id, turns=turns)
 
@@ -93,7 +98,11 @@ def load_trajectories(path: Path) -> Iterable[tuple[str, list[dict]]]:
     for n, item in enumerate(items):
         msgs = item.get("messages") if isinstance(item, dict) else item
         msgs = json.loads(msgs) if isinstance(msgs, str) else msgs
-        pid = str(item.get("traj_id") or item.get("instance_id") or f"{Path(path).stem}-{n}") if isinstance(item, dict) else f"{Path(path).stem}-{n}"
+        pid = (
+            str(item.get("traj_id") or item.get("instance_id") or f"{Path(path).stem}-{n}")
+            if isinstance(item, dict)
+            else f"{Path(path).stem}-{n}"
+        )
         yield pid, msgs
 
 
@@ -116,8 +125,9 @@ def main(argv=None) -> int:
     ap.add_argument("--keep-text", action="store_true")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
-    programs = import_files(args.paths, tokenizer_counter(args.tokenizer), default_tool_s=args.default_tool_s,
-                            keep_text=args.keep_text)
+    programs = import_files(
+        args.paths, tokenizer_counter(args.tokenizer), default_tool_s=args.default_tool_s, keep_text=args.keep_text
+    )
     dump_workload(programs, args.out)
     print(f"wrote {args.out}: {len(programs)} programs, {sum(len(p.turns) for p in programs)} turns")
     return 0

@@ -14,11 +14,18 @@ pytestmark = pytest.mark.e2e
 
 def tiny_workload(n=3, turns=3):
     return [
-        Program(program_id=f"prog-{i}", turns=[
-            Turn(append_tokens=60 + 10 * i, output_tokens=4, tool="bash" if t < turns - 1 else None,
-                 tool_duration_s=0.2 if t < turns - 1 else 0.0)
-            for t in range(turns)
-        ])
+        Program(
+            program_id=f"prog-{i}",
+            turns=[
+                Turn(
+                    append_tokens=60 + 10 * i,
+                    output_tokens=4,
+                    tool="bash" if t < turns - 1 else None,
+                    tool_duration_s=0.2 if t < turns - 1 else 0.0,
+                )
+                for t in range(turns)
+            ],
+        )
         for i in range(n)
     ]
 
@@ -44,10 +51,24 @@ def test_replay_serves_every_turn_in_order_and_the_server_sees_programs(continuu
 def test_continuum_bench_end_to_end(tiny_model, tmp_path):
     wl = dump_workload(tiny_workload(n=3, turns=2), tmp_path / "tiny.jsonl")
     out = tmp_path / "bench"
-    rc = bench_main([
-        "--workload", str(wl), "--model", tiny_model, "--policies", "fcfs,continuum-ref",
-        "--jps", "2,4", "--seeds", "1,2", "--out", str(out), "--max-total-tokens", "1024",
-    ])
+    rc = bench_main(
+        [
+            "--workload",
+            str(wl),
+            "--model",
+            tiny_model,
+            "--policies",
+            "fcfs,continuum-ref",
+            "--jps",
+            "2,4",
+            "--seeds",
+            "1,2",
+            "--out",
+            str(out),
+            "--max-total-tokens",
+            "1024",
+        ]
+    )
     assert rc == 0
     report = json.loads((out / "report.json").read_text())
     # interleaved: policies innermost, then load, then seed

@@ -40,5 +40,5 @@ def test_offline_engine_with_continuum(tiny_model):
     proc = subprocess.run([sys.executable, "-c", SCRIPT, tiny_model], capture_output=True, text=True, timeout=400)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
-    result = json.loads(lines[-1][len("RESULT "):])
+    result = json.loads(lines[-1][len("RESULT ") :])
     assert result["cached"] == result["context"] - 1  # the whole previous context, minus the last token

@@ -32,15 +32,24 @@ def generate(client: httpx.Client, ids: list[int], max_new: int, **meta) -> dict
 
 def test_three_turn_program_gets_its_prefix_back_from_host(tiny_model, tmp_path):
     args = [
-        "--schedule-policy", "continuum", "--max-total-tokens", str(POOL), "--enable-metrics",
-        "--enable-cache-report", "--enable-hierarchical-cache", "--hicache-write-policy",
-        "write_through_selective", *HICACHE_CPU_FLAGS,
+        "--schedule-policy",
+        "continuum",
+        "--max-total-tokens",
+        str(POOL),
+        "--enable-metrics",
+        "--enable-cache-report",
+        "--enable-hierarchical-cache",
+        "--hicache-write-policy",
+        "write_through_selective",
+        *HICACHE_CPU_FLAGS,
     ]
     env = {"SGLANG_CONTINUUM_TTL_MODEL": "fixed", "SGLANG_CONTINUUM_FIXED_TTL_S": str(TTL_S)}
     rng = random.Random(0)
     ids = lambda n: [rng.randrange(5, 500) for _ in range(n)]  # noqa: E731
-    with SGLangServer(tiny_model, args, env=env, log_path=tmp_path / "server.log") as srv, \
-            httpx.Client(base_url=srv.url, timeout=120) as client:
+    with (
+        SGLangServer(tiny_model, args, env=env, log_path=tmp_path / "server.log") as srv,
+        httpx.Client(base_url=srv.url, timeout=120) as client,
+    ):
         context = ids(500)
         host_cached = []
         for turn in range(3):

@@ -21,12 +21,16 @@ def two_turn_program(url: str) -> tuple:
     client = OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
     messages = [{"role": "user", "content": text(120, 1)}]
     r1 = client.chat.completions.create(
-        model="m", messages=messages, max_tokens=16,
+        model="m",
+        messages=messages,
+        max_tokens=16,
         extra_body=continuum_extra_body("prog-1", last_step=False, tool_name="bash", ignore_eos=True),
     )
     for i in range(5):  # memory pressure: ~5 x 500 tokens through a 2048-token pool
         client.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": text(200, 100 + i)}], max_tokens=4,
+            model="m",
+            messages=[{"role": "user", "content": text(200, 100 + i)}],
+            max_tokens=4,
             extra_body={"ignore_eos": True},
         )
     messages += [
@@ -34,7 +38,9 @@ def two_turn_program(url: str) -> tuple:
         {"role": "user", "content": text(10, 7)},
     ]
     r2 = client.chat.completions.create(
-        model="m", messages=messages, max_tokens=4,
+        model="m",
+        messages=messages,
+        max_tokens=4,
         extra_body=continuum_extra_body("prog-1", last_step=True, ignore_eos=True),
     )
     return r1, r2
@@ -121,19 +127,29 @@ def test_frontend_program_carries_its_program_id(continuum_server):
 
 @pytest.mark.parametrize("ids", [[999_999], [-1, 5]], ids=["too-large", "negative"])
 def test_out_of_vocabulary_token_ids_get_a_400_and_the_server_lives(continuum_server, ids):
-    r = httpx.post(continuum_server.url + "/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": 2}},
-                   timeout=60)
+    r = httpx.post(
+        continuum_server.url + "/generate",
+        json={"input_ids": ids, "sampling_params": {"max_new_tokens": 2}},
+        timeout=60,
+    )
     assert r.status_code == 400 and "out-of-vocabulary" in r.text
     assert httpx.get(continuum_server.url + "/health", timeout=10).status_code == 200
-    ok = httpx.post(continuum_server.url + "/generate", json={"text": text(5, 1), "sampling_params": {"max_new_tokens": 2}},
-                    timeout=60)
+    ok = httpx.post(
+        continuum_server.url + "/generate",
+        json={"text": text(5, 1), "sampling_params": {"max_new_tokens": 2}},
+        timeout=60,
+    )
     assert ok.status_code == 200
 
 
 def test_control_characters_in_a_program_id_forge_no_log_line(continuum_server):
     sp = {"max_new_tokens": 2, "custom_params": {"program_id": "x\nFAKE LOG LINE \x1b[31m"}}
-    assert httpx.post(continuum_server.url + "/generate", json={"text": text(5, 2), "sampling_params": sp},
-                      timeout=60).status_code == 200
+    assert (
+        httpx.post(
+            continuum_server.url + "/generate", json={"text": text(5, 2), "sampling_params": sp}, timeout=60
+        ).status_code
+        == 200
+    )
     log = continuum_server.log_path.read_text(errors="replace")
     assert not any(line.startswith("FAKE LOG LINE") for line in log.splitlines())
     assert "\x1b[31m" not in log
@@ -142,13 +158,19 @@ def test_control_characters_in_a_program_id_forge_no_log_line(continuum_server):
 def test_flush_cache_with_live_pins_is_counted(continuum_server):
     for i in range(3):  # live pins: first turns of programs whose tools never return
         sp = {"max_new_tokens": 2, "ignore_eos": True, "custom_params": {"program_id": f"flush-{i}"}}
-        assert httpx.post(continuum_server.url + "/generate", json={"text": text(20, 30 + i), "sampling_params": sp},
-                          timeout=60).status_code == 200
+        assert (
+            httpx.post(
+                continuum_server.url + "/generate", json={"text": text(20, 30 + i), "sampling_params": sp}, timeout=60
+            ).status_code
+            == 200
+        )
     m = parse_metrics(continuum_server.metrics())
     assert m["sglang:continuum_pinned_programs"] >= 3
     assert httpx.post(continuum_server.url + "/flush_cache", timeout=60).status_code == 200
     m = parse_metrics(continuum_server.metrics())
-    ended = sum(m.get(f"sglang:continuum_{k}_total", 0.0) for k in
-                ("pin_hits", "pin_expiries", "pin_sheds", "pin_releases", "pins_flushed"))
+    ended = sum(
+        m.get(f"sglang:continuum_{k}_total", 0.0)
+        for k in ("pin_hits", "pin_expiries", "pin_sheds", "pin_releases", "pins_flushed")
+    )
     assert m["sglang:continuum_pins_flushed_total"] >= 3 and m["sglang:continuum_pinned_programs"] == 0
     assert m["sglang:continuum_pins_created_total"] == ended  # every pin ever created is accounted for

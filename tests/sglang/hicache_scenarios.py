@@ -29,7 +29,10 @@ POOL = 1024
 TTL_S = 0.2
 TOOL_S = 4.0  # predictive scenario: long enough for the fillers to run before the reload is due
 HICACHE = dict(
-    enable_hierarchical_cache=True, hicache_io_backend="direct", hicache_mem_layout="layer_first", hicache_ratio=2.0,
+    enable_hierarchical_cache=True,
+    hicache_io_backend="direct",
+    hicache_mem_layout="layer_first",
+    hicache_ratio=2.0,
 )
 
 
@@ -39,8 +42,9 @@ def tokens(rng, n, vocab=500):
 
 def scheduler(tiny_model, policy: str, write_policy: str, env: dict) -> SchedulerDriver:
     os.environ.update({"SGLANG_CONTINUUM_TTL_MODEL": "fixed", "SGLANG_CONTINUUM_FIXED_TTL_S": str(TTL_S), **env})
-    sched = build_scheduler(tiny_model, schedule_policy=policy, max_total_tokens=POOL,
-                            hicache_write_policy=write_policy, **HICACHE)
+    sched = build_scheduler(
+        tiny_model, schedule_policy=policy, max_total_tokens=POOL, hicache_write_policy=write_policy, **HICACHE
+    )
     return SchedulerDriver(sched)
 
 
@@ -64,7 +68,9 @@ def program_turns(driver, rng, pid: str, *, gap: callable):
     driver.run_until_idle()
     gap()
     previous = ctx + driver.output_ids(r1)
-    r2 = driver.submit(previous + tokens(rng, 20), max_new_tokens=4, custom_params={"program_id": pid, "is_last_step": True})
+    r2 = driver.submit(
+        previous + tokens(rng, 20), max_new_tokens=4, custom_params={"program_id": pid, "is_last_step": True}
+    )
     driver.run_until_idle()
     return previous, driver.req(r2)
 
@@ -134,10 +140,17 @@ def predictive_reload_brings_the_prefix_back_before_the_tool_returns(tiny_model,
         stats.record("t", TOOL_S)  # the tool always takes TOOL_S
     path = tmp_path / "stats.json"
     path.write_text(json.dumps({"tool_stats": stats.to_dict()}))
-    driver = scheduler(tiny_model, "continuum", write_policy, {
-        "SGLANG_CONTINUUM_PREDICTIVE_RELOAD": "1", "SGLANG_CONTINUUM_COLD_START_K": "5",
-        "SGLANG_CONTINUUM_STATS_PATH": str(path), "SGLANG_CONTINUUM_PREDICTIVE_RELOAD_LEAD_S": "0.3",
-    })
+    driver = scheduler(
+        tiny_model,
+        "continuum",
+        write_policy,
+        {
+            "SGLANG_CONTINUUM_PREDICTIVE_RELOAD": "1",
+            "SGLANG_CONTINUUM_COLD_START_K": "5",
+            "SGLANG_CONTINUUM_STATS_PATH": str(path),
+            "SGLANG_CONTINUUM_PREDICTIVE_RELOAD_LEAD_S": "0.3",
+        },
+    )
     cache = driver.s.tree_cache
     rng = random.Random(8)
     seen = {}

@@ -17,7 +17,11 @@ def run_scenario(scenario: str, model: str, write_policy: str) -> None:
     env = {k: v for k, v in env.items() if not k.startswith("SGLANG_CONTINUUM_")}
     proc = subprocess.run(
         [sys.executable, "-m", "tests.sglang.hicache_scenarios", scenario, model, write_policy],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=500,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=500,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 

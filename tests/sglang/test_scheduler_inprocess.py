@@ -236,16 +236,22 @@ def test_random_agent_fleets_finish_without_leaks_and_pins_never_block_higher_ra
             appends, tool, _, _ = programs[i]
             contexts[i] = contexts[i] + tokens(rng, appends[turn[i]])
             last = turn[i] == len(appends) - 1
-            in_flight[i] = driver.submit(contexts[i], max_new_tokens=4,
-                                         custom_params=meta(f"fleet-{seed}-{i}", None if last else tool, last))
+            in_flight[i] = driver.submit(
+                contexts[i], max_new_tokens=4, custom_params=meta(f"fleet-{seed}-{i}", None if last else tool, last)
+            )
         sheds = cache.controller.admission.admission_sheds
         driver.step()
         blocked = policy.admission.blocked
         if blocked is not None:
             tag = blocked._continuum_tag
-            later = [p for p in cache.controller.pins
-                     if p.arrival_rank > tag.program_rank and p.program_id != tag.meta.program_id]
-            assert not later or cache.controller.admission.admission_sheds > sheds, "a later program's pin kept out a blocked turn"
+            later = [
+                p
+                for p in cache.controller.pins
+                if p.arrival_rank > tag.program_rank and p.program_id != tag.meta.program_id
+            ]
+            assert not later or cache.controller.admission.admission_sheds > sheds, (
+                "a later program's pin kept out a blocked turn"
+            )
         cache.check_integrity()
         step += 1
         for i, rid in list(in_flight.items()):

@@ -132,7 +132,9 @@ def test_reference_rule():
 
 def test_priority_key_order():
     def key(retracted=False, overdue=False, pinned=False, program=0, request=0):
-        return priority_key(retracted=retracted, overdue=overdue, pinned=pinned, program_rank=program, request_rank=request)
+        return priority_key(
+            retracted=retracted, overdue=overdue, pinned=pinned, program_rank=program, request_rank=request
+        )
 
     keys = {
         "retracted": key(retracted=True, program=9, request=9),
@@ -144,7 +146,13 @@ def test_priority_key_order():
         "new_program_later_turn": key(program=3, request=4),
     }
     assert sorted(keys, key=keys.get) == [
-        "retracted", "overdue_old", "overdue_new", "pinned", "old_program", "new_program", "new_program_later_turn"
+        "retracted",
+        "overdue_old",
+        "overdue_new",
+        "pinned",
+        "old_program",
+        "new_program",
+        "new_program_later_turn",
     ]
 
 

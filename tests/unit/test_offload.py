@@ -48,7 +48,9 @@ def test_host_ttl_cold_start_is_memoryless():
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(st.floats(0, 100, allow_nan=False), min_size=1, max_size=40),
-    st.floats(0, 50), st.floats(0.01, 100), st.floats(0.01, 10),
+    st.floats(0, 50),
+    st.floats(0.01, 100),
+    st.floats(0.01, 10),
 )
 def test_host_ttl_is_the_best_candidate(samples, elapsed, benefit, hold):
     s = np.sort(np.array(samples))

@@ -23,7 +23,7 @@ def controller():
         '{"tool_stats": {"version": 2, "tools": {}}}',
         '{"tool_stats": {"version": 1, "tools": {"bash": [-1.0]}}}',
         '{"tool_stats": {"version": 1, "tools": {"bash": "fast"}}}',
-        '[1, 2, 3]',
+        "[1, 2, 3]",
         '{"tool_stats": {"version": 1, "glo',
     ],
 )
@@ -37,8 +37,14 @@ def test_wrongly_shaped_or_truncated_files_are_ignored(tmp_path, content):
 
 def test_a_good_file_loads(tmp_path):
     path = tmp_path / "stats.json"
-    path.write_text(json.dumps({"tool_stats": {"version": 1, "tools": {"bash": [0.5, 1.0]}, "global": [0.5, 1.0]},
-                                "signals": {"program_turns": [3, 4]}}))
+    path.write_text(
+        json.dumps(
+            {
+                "tool_stats": {"version": 1, "tools": {"bash": [0.5, 1.0]}, "global": [0.5, 1.0]},
+                "signals": {"program_turns": [3, 4]},
+            }
+        )
+    )
     c = controller()
     assert load_stats(c, path)
     assert c.stats.tool("bash").samples() == [0.5, 1.0] and len(c.ttl_model.eta) == 2

@@ -77,8 +77,12 @@ def test_working_set_counts_admitted_programs_until_they_go_quiet():
 
 
 ops = st.lists(
-    st.tuples(st.sampled_from(["arrive", "admit", "finish", "abort", "forget", "idle"]), st.integers(0, 5),
-              st.integers(1, 500), st.floats(0, 3)),
+    st.tuples(
+        st.sampled_from(["arrive", "admit", "finish", "abort", "forget", "idle"]),
+        st.integers(0, 5),
+        st.integers(1, 500),
+        st.floats(0, 3),
+    ),
     max_size=60,
 )
 

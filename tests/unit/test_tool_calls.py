@@ -5,7 +5,9 @@ import pytest
 
 from sglang_continuum.core.tool_calls import first_executable, from_openai_tool_calls, from_text, identify_tool
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "swe_smith_5_trajectories_with_tool_times.json"  # see tests/data/README.md
+DATA = (
+    Path(__file__).resolve().parents[1] / "data" / "swe_smith_5_trajectories_with_tool_times.json"
+)  # see tests/data/README.md
 
 
 def trajectories():
@@ -38,7 +40,7 @@ def test_real_swe_agent_tool_calls_all_parse():
         ("sudo apt-get install -y x; ls", "apt-get"),
         ("/usr/bin/python3 -m pytest", "python3"),
         ("echo 'a && b' && ls", "echo"),
-        ("grep -n \"unbalanced", "grep"),
+        ('grep -n "unbalanced', "grep"),
     ],
 )
 def test_first_executable(command, expected):
@@ -60,7 +62,11 @@ ls``` but no, I should use the tool.
 </tool_call>"""
 
 TERMINAL_BENCH = json.dumps(
-    {"analysis": "Need to inspect files.", "plan": "list", "commands": [{"keystrokes": "ls -la /app\n", "duration": 0.1}]}
+    {
+        "analysis": "Need to inspect files.",
+        "plan": "list",
+        "commands": [{"keystrokes": "ls -la /app\n", "duration": 0.1}],
+    }
 )
 
 

@@ -8,9 +8,16 @@ from sglang_continuum.workloads.generate import SPECS, generate, summary
 from sglang_continuum.workloads.importer import import_files, messages_to_program
 from sglang_continuum.workloads.schema import WorkloadError, dump_workload, load_workload, parse_workload
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "swe_smith_5_trajectories_with_tool_times.json"  # see tests/data/README.md
-GOOD = {"program_id": "p", "turns": [{"append_tokens": 10, "output_tokens": 2, "tool": "ls", "tool_duration_s": 0.5},
-                                     {"append_tokens": 3, "output_tokens": 2}]}
+DATA = (
+    Path(__file__).resolve().parents[1] / "data" / "swe_smith_5_trajectories_with_tool_times.json"
+)  # see tests/data/README.md
+GOOD = {
+    "program_id": "p",
+    "turns": [
+        {"append_tokens": 10, "output_tokens": 2, "tool": "ls", "tool_duration_s": 0.5},
+        {"append_tokens": 3, "output_tokens": 2},
+    ],
+}
 
 
 def test_round_trip(tmp_path):
@@ -25,13 +32,22 @@ def test_round_trip(tmp_path):
     [
         ("{not json", "2: not JSON"),
         (json.dumps({"program_id": "q", "turns": []}), "2: turns: List should have at least 1 item"),
-        (json.dumps({"program_id": "q", "turns": [{"append_tokens": 0, "output_tokens": 1}]}), "2: turns.0.append_tokens"),
-        (json.dumps({"program_id": "q", "turns": [{"append_tokens": 1, "output_tokens": 1, "tool_duration_s": -1}]}),
-         "2: turns.0.tool_duration_s"),
-        (json.dumps({"program_id": "q", "turns": [{"append_tokens": 1, "output_tokens": 1, "tool_duration_s": 2}]}),
-         "2: Value error, the last turn calls no tool"),
-        (json.dumps({"program_id": "q", "turns": [{"append_tokens": 1, "output_tokens": 1, "colour": 1}]}),
-         "2: turns.0.colour: Extra inputs"),
+        (
+            json.dumps({"program_id": "q", "turns": [{"append_tokens": 0, "output_tokens": 1}]}),
+            "2: turns.0.append_tokens",
+        ),
+        (
+            json.dumps({"program_id": "q", "turns": [{"append_tokens": 1, "output_tokens": 1, "tool_duration_s": -1}]}),
+            "2: turns.0.tool_duration_s",
+        ),
+        (
+            json.dumps({"program_id": "q", "turns": [{"append_tokens": 1, "output_tokens": 1, "tool_duration_s": 2}]}),
+            "2: Value error, the last turn calls no tool",
+        ),
+        (
+            json.dumps({"program_id": "q", "turns": [{"append_tokens": 1, "output_tokens": 1, "colour": 1}]}),
+            "2: turns.0.colour: Extra inputs",
+        ),
         (json.dumps(GOOD), "2: duplicate program_id 'p'"),
     ],
 )
@@ -70,8 +86,9 @@ def test_generators_are_seeded_and_scale():
     base = generate("swe", 300, seed=1)
     assert np.mean([len(p.turns) for p in rep]) == pytest.approx(3 * np.mean([len(p.turns) for p in base]), rel=0.01)
     assert summary(rep)["tokens_mean"] == pytest.approx(summary(base)["tokens_mean"], rel=0.05)
-    outs = np.mean([t.output_tokens for p in generate("swe", 300, seed=1, token_scale=0.02, output_scale=0.2)
-                    for t in p.turns])
+    outs = np.mean(
+        [t.output_tokens for p in generate("swe", 300, seed=1, token_scale=0.02, output_scale=0.2) for t in p.turns]
+    )
     assert outs == pytest.approx(0.2 * SPECS["swe"].output_tokens_mean, rel=0.1)
     capped = generate("swe", 200, seed=1, max_tool_s=2.0)
     assert max(t.tool_duration_s for p in capped for t in p.turns) <= 2.0
