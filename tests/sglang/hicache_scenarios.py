@@ -20,10 +20,14 @@ import os
 import random
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+from sglang_continuum.core.clock import ManualClock, use_clock
 from sglang_continuum.tools.inprocess import SchedulerDriver, build_scheduler
+
+# The plugin inside the real Scheduler runs on this clock (the clock seam): tool gaps and TTLs
+# pass in virtual time, no test sleeps.
+CLOCK = ManualClock(1000.0)
 
 POOL = 1024
 TTL_S = 0.2
@@ -42,17 +46,19 @@ def tokens(rng, n, vocab=500):
 
 def scheduler(tiny_model, policy: str, write_policy: str, env: dict) -> SchedulerDriver:
     os.environ.update({"SGLANG_CONTINUUM_TTL_MODEL": "fixed", "SGLANG_CONTINUUM_FIXED_TTL_S": str(TTL_S), **env})
-    sched = build_scheduler(
-        tiny_model, schedule_policy=policy, max_total_tokens=POOL, hicache_write_policy=write_policy, **HICACHE
-    )
+    with use_clock(CLOCK):
+        sched = build_scheduler(
+            tiny_model, schedule_policy=policy, max_total_tokens=POOL, hicache_write_policy=write_policy, **HICACHE
+        )
     return SchedulerDriver(sched)
 
 
-def idle_steps(driver, seconds: float) -> None:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
+def idle_steps(driver, seconds: float, tick: float = 0.02) -> None:
+    """Step the scheduler while ``seconds`` of virtual time pass."""
+    end = CLOCK() + seconds
+    while CLOCK() < end:
+        CLOCK.advance(tick)
         driver.step()
-        time.sleep(0.02)
 
 
 def fill_device(driver, rng) -> None:
@@ -156,14 +162,14 @@ def predictive_reload_brings_the_prefix_back_before_the_tool_returns(tiny_model,
     seen = {}
 
     def tool_call():
-        start = time.monotonic()
+        start = CLOCK()
         seen["node"] = cache.controller.pins.get("P").handle.node
         idle_steps(driver, TTL_S + 0.1)
         fill_device(driver, rng)
         assert not cache.host_tier.on_device(seen["node"])
         assert cache.controller.host_counters.reloads_started == 0
         # reload due TOOL_S - lead (0.3 s) after the turn; the turn comes back at TOOL_S
-        idle_steps(driver, max(0.0, TOOL_S - (time.monotonic() - start)))
+        idle_steps(driver, max(0.0, TOOL_S - (CLOCK() - start)))
         assert cache.controller.host_counters.reloads_started == 1
         assert cache.host_tier.on_device(seen["node"])
 
