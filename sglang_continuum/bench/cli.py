@@ -7,19 +7,35 @@ replays the identical seeded workload, scrapes ``/metrics``, stops the server, a
     continuum-bench --workload workloads/swe-cpu.jsonl --model .models/tiny-llama \\
         --policies fcfs,lpm,continuum-ref,continuum --jps 0.5 --out out/bench
 
-Policies: SGLang's own ``fcfs``, ``lpm``, ``tlru`` (fcfs with ``--radix-eviction-policy tlru``,
-tail-optimised LRU), ``priority-evict`` (``--radix-eviction-policy priority``: it evicts lower
-request priorities first; the replay sends none, so it ranks nodes like LRU), ``session``
-(``--enable-session-radix-cache``: the replay's ``session_id`` is the program id, and the session
-is closed at the program's end); ``continuum-ref`` (continuum with the public reference's fixed
-2 s rule), ``continuum-fixed`` (fixed TTL), ``continuum`` (the cost model). Any of them with
-``+hicache`` adds SGLang's host tier (``--enable-hierarchical-cache``) and is compared with
-``fcfs+hicache``.
+Policies: SGLang's own ``fcfs``, ``lpm``, and the stock alternatives an SGLang 0.5.23 user has
+for agent workloads (all with fcfs scheduling):
 
-``--seeds 1,2,3,4,5`` (and ``--repeat R``) runs every policy on every seed, interleaved (policies
-innermost), and reports per policy the median, IQR and worst seed, ratios against fcfs on the
-same seed, and collapsed runs (``bench/seeds.py``). On 2+ cores the server and the replay client
-are pinned to different cores (``--no-pin-cpus`` turns that off).
+- ``tlru``: ``--radix-eviction-policy tlru`` (tail-optimised LRU, arXiv:2510.15152). It refuses to
+  start without ``--radix-eviction-policy-config`` holding ``threshold`` > ``next_prompt_estimate``
+  (tokens); ``tlru_config`` derives both from the workload.
+- ``priority-evict``: ``--radix-eviction-policy priority`` ranks nodes by (priority, last access).
+  A finished request's path is inserted with its priority (0 when the client sends none, as the
+  replay does) and its prompt part again with priority + 1, so without request priorities it
+  evicts the output tails (tokens no prompt has carried yet) before any prompt, then LRU. In an
+  agent program that tail is the last turn's output, which the next turn re-sends.
+- ``session``: ``--enable-session-radix-cache`` (forces SGLang's Python tree core). A ``/generate``
+  carrying a top-level ``session_id`` opens the session implicitly (no ``/open_session``); each
+  finished turn's path is referenced by its session, and referenced KV is evicted only after
+  unreferenced KV (a preference, not a lock). The replay sends the program id as ``session_id``
+  and calls ``/close_session`` after the program's last turn, which drops the reference. Without
+  the flag SGLang only tags KV events with ``session_id``: fcfs and lpm serve it unchanged.
+
+Continuum: ``continuum-ref`` (the public reference's fixed 2 s rule), ``continuum-fixed`` (fixed
+TTL), ``continuum`` (the cost model). Any policy with ``+hicache`` adds SGLang's host tier
+(``--enable-hierarchical-cache``) and is compared with ``fcfs+hicache``.
+
+``--seeds 1,2,3,4,5`` (and ``--repeat R``) runs every policy on every seed (the arrival process
+and the replay's tokens), interleaved (``run_order``: policies innermost, so drift over time hits
+all alike), and reports per policy the median, IQR and worst run, ratios against fcfs on the same
+seed and against the best stock policy, the worst request wait and P99 request latency, and
+collapsed runs (``bench/seeds.py``). On 2+ cores the server runs on all cores but the last and
+the replay client on the last (``--no-pin-cpus`` turns that off); each run records the cores its
+server's threads were really allowed (``server_cores``).
 ``--url`` replays against an already running server instead (one policy, e.g. vLLM).
 """
 
@@ -38,7 +54,7 @@ from tqdm import tqdm
 
 from sglang_continuum.bench.replay import Replayer
 from sglang_continuum.bench.report import markdown_table, plots, summarize
-from sglang_continuum.bench.seeds import aggregate, headline, run_order, seeds_table
+from sglang_continuum.bench.seeds import aggregate, collapsed_flags, headline, run_order, seeds_table
 from sglang_continuum.tools.server import SGLangServer
 from sglang_continuum.workloads.schema import load_workload
 
@@ -148,6 +164,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             close_sessions=policy.partition("+")[0] == "session",
         )
         desc = f"{policy} @ {jps:g} jps, seed {seed}"
+        server_cores = None
         if args.url:
             result = _run(replayer, programs, jps, desc, total_turns, client_cpus)
         else:
@@ -167,6 +184,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             ) as server:
                 replayer.url = server.url
                 result = _run(replayer, programs, jps, desc, total_turns, client_cpus)
+                server_cores = tree_cores(server.proc.pid)
         summary = summarize(result)
         runs.append(
             {
@@ -174,19 +192,20 @@ def main(argv: Optional[list[str]] = None) -> int:
                 "jps": jps,
                 "seed": seed,
                 "repeat": repeat,
+                "server_cores": server_cores,
                 "summary": summary,
                 "replay": result.to_dict(),
             }
         )
         print(
             f"  {desc}: mean JCT {summary['jct_mean_s']:.2f}s, P95 {summary['jct_p95_s']:.2f}s, "
-            f"cache hit {summary['cache_hit_ratio']:.1%}, max wait {summary['max_request_wait_s']:.1f}s, "
+            f"cache hit {summary['cache_hit_ratio']:.1%}, max wait {summary['max_request_wait_s']:.2f}s, "
             f"failed requests {summary['failed_requests']}"
         )
 
-    rows = [
-        {"policy": r["policy"], "jps": r["jps"], "seed": r["seed"], "repeat": r["repeat"], **r["summary"]} for r in runs
-    ]
+    for run, collapsed in zip(runs, collapsed_flags(runs)):
+        run["collapsed"] = collapsed
+    rows = [{k: r[k] for k in ("policy", "jps", "seed", "repeat", "collapsed")} | r["summary"] for r in runs]
     table = markdown_table(rows)
     across = aggregate(runs)
     summary_md = seeds_table(across)
@@ -212,6 +231,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     }
     (args.out / "report.json").write_text(json.dumps(report, indent=1))
     pngs = plots(runs, args.out)
+    observed = sorted(set().union(*(r["server_cores"] or [] for r in runs))) or "-"
     md = [
         f"# continuum-bench: {args.workload.name}",
         "",
@@ -221,16 +241,19 @@ def main(argv: Optional[list[str]] = None) -> int:
         f"{f' x {args.repeat} repeats' if args.repeat > 1 else ''}, policies interleaved. KV pool {pool} tokens "
         f"(sized to hold ~{args.pool_programs:g} average program contexts, so the workload runs under memory "
         "pressure: the regime where keeping a program's KV between turns matters). Server on cores "
-        f"{sorted(server_cpus) if server_cpus else 'all'}, replay client on {sorted(client_cpus) if client_cpus else 'all'}.",
+        f"{sorted(server_cpus) if server_cpus else 'all'} (its threads' affinity, observed: {observed}), replay "
+        f"client on {sorted(client_cpus) if client_cpus else 'all'}.",
         "",
         *([head, ""] if head else []),
         "## Across seeds",
         "",
         summary_md,
         "",
-        "Median/IQR/worst over the per-run mean JCTs; ratio = fcfs's mean JCT / the policy's on the same seed; "
-        "best stock = the SGLang policy (not fcfs) with the lowest median; collapsed = runs whose cache-hit ratio "
-        "fell below half the policy's median (the re-prefill spiral).",
+        "Median/IQR/worst over the per-run mean JCTs; P95: median of the per-run P95 JCTs; vs fcfs: median over "
+        "seeds of fcfs's mean JCT / the policy's on the same seed (>1: faster); vs best stock: the same against "
+        "the stock SGLang policy other than fcfs with the lowest median (continuum policies only); max wait: the "
+        "longest a single turn waited in the server queue (queue_time, else TTFT); P99 request: per-run P99 turn "
+        "latency; collapsed: runs whose cache-hit ratio fell below half the policy's median (the re-prefill spiral).",
         "",
         "## Every run",
         "",
@@ -265,6 +288,22 @@ def cpu_split(pin: bool) -> tuple[Optional[set[int]], Optional[set[int]]]:
     if not pin or len(cores) < 2:
         return None, None
     return set(cores[:-1]), {cores[-1]}
+
+
+def tree_cores(pid: int) -> list[int]:
+    """Every core some thread of ``pid`` or of its descendants may run on: what the pinning really
+    did (SGLang re-binding its threads would show here)."""
+    import psutil
+
+    root = psutil.Process(pid)
+    cores: set[int] = set()
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            for thread in proc.threads():
+                cores |= os.sched_getaffinity(thread.id)
+        except (psutil.Error, OSError):
+            pass  # exited meanwhile
+    return sorted(cores)
 
 
 def _run(replayer: Replayer, programs, jps: float, desc: str, total_turns: int, cpus: Optional[set[int]] = None):

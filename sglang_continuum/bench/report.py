@@ -78,7 +78,8 @@ COLUMNS = [
     ("programs_per_s", "programs/s", "{:.3f}"),
     ("tokens_per_s", "tokens/s", "{:.0f}"),
     ("mean_turn_wait_s", "turn queue s", "{:.3f}"),
-    ("max_request_wait_s", "max wait s", "{:.1f}"),
+    ("max_request_wait_s", "max wait s", "{:.2f}"),
+    ("p99_request_latency_s", "P99 request s", "{:.2f}"),
     ("cache_hit_ratio", "cache hit", "{:.1%}"),
     ("pin_hits", "pin hits", "{:.0f}"),
     ("pin_expiries", "expiries", "{:.0f}"),
@@ -96,6 +97,8 @@ def baseline_of(policy: str, baseline: str = "fcfs") -> str:
 
 
 def markdown_table(rows: list[dict], baseline: str = "fcfs") -> str:
+    """One line per run; with seeds, a seed column (``seed/rREPEAT`` after the first repeat,
+    marked when the run collapsed) and ratios against the baseline's run on the same seed."""
     seeded = any("seed" in r for r in rows)
     head = (
         [c[1] for c in COLUMNS[:2]]
@@ -108,7 +111,8 @@ def markdown_table(rows: list[dict], baseline: str = "fcfs") -> str:
     for r in rows:
         cells = [fmt.format(r.get(key, 0.0)) for key, _, fmt in COLUMNS]
         if seeded:
-            cells.insert(2, str(r.get("seed")))
+            repeat = f"/r{r['repeat']}" if r.get("repeat") else ""
+            cells.insert(2, f"{r.get('seed')}{repeat}{' (collapsed)' if r.get('collapsed') else ''}")
         b = base.get((r["jps"], r.get("seed"), r.get("repeat"), baseline_of(r["policy"], baseline)))
         for key in ("jct_mean_s", "jct_p95_s"):
             cells.append(f"{b[key] / r[key]:.2f}x" if b and r[key] and np.isfinite(r[key]) else "-")

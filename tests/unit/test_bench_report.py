@@ -1,7 +1,8 @@
 """continuum-bench's policy flags and report table (pure)."""
 
 from sglang_continuum.bench.cli import HICACHE_CPU_FLAGS, parse_policy
-from sglang_continuum.bench.report import baseline_of, markdown_table
+from sglang_continuum.bench.report import baseline_of, markdown_table, plots
+from sglang_continuum.bench.seeds import aggregate, collapsed_flags, headline, run_order, seeds_table
 
 
 def test_hicache_policies_get_the_host_tier_flags_and_cpu_io_backend():
@@ -23,52 +24,112 @@ def test_each_policy_is_compared_with_fcfs_on_the_same_cache_tiers():
 
 
 def test_runs_interleave_policies_innermost():
-    from sglang_continuum.bench.seeds import run_order
+    order = run_order(["fcfs", "continuum"], [1, 2], [2.0, 4.0], repeat=2)
+    assert order[:6] == [
+        (0, 1, 2.0, "fcfs"),
+        (0, 1, 2.0, "continuum"),
+        (0, 1, 4.0, "fcfs"),
+        (0, 1, 4.0, "continuum"),
+        (0, 2, 2.0, "fcfs"),
+        (0, 2, 2.0, "continuum"),
+    ]
+    assert len(order) == 16 and order[8] == (1, 1, 2.0, "fcfs")  # the second repeat starts over
+    assert run_order(["fcfs"], [0], [1.0], repeat=1) == [(0, 0, 1.0, "fcfs")]  # --seed alone
 
-    order = run_order(["fcfs", "continuum"], [1, 2], [2.0], repeat=2)
-    assert order[:4] == [(0, 1, 2.0, "fcfs"), (0, 1, 2.0, "continuum"), (0, 2, 2.0, "fcfs"), (0, 2, 2.0, "continuum")]
-    assert len(order) == 8 and order[4][0] == 1
 
-
-def run(policy, seed, jct, hit, p95=None, wait=1.0):
-    return {
-        "policy": policy,
-        "jps": 1.0,
-        "seed": seed,
-        "repeat": 0,
-        "summary": {"jct_mean_s": jct, "jct_p95_s": p95 or 2 * jct, "cache_hit_ratio": hit, "max_request_wait_s": wait},
+def run(policy, seed, jct, hit=0.5, wait=1.0, p99=2.0, repeat=0):
+    summary = {
+        "jct_mean_s": jct,
+        "jct_p95_s": 2 * jct,
+        "cache_hit_ratio": hit,
+        "max_request_wait_s": wait,
+        "p99_request_latency_s": p99,
     }
+    return {"policy": policy, "jps": 1.0, "seed": seed, "repeat": repeat, "summary": summary}
+
+
+SEEDS = range(1, 6)
+
+
+def fleet():
+    """Five seeds; continuum collapses on seed 4 (cache hit 0.1, half its median is 0.425)."""
+    runs = [run("fcfs", s, j) for s, j in zip(SEEDS, [10, 12, 8, 20, 11])]
+    runs += [run("lpm", s, j, 0.6) for s, j in zip(SEEDS, [9, 11, 8, 18, 10])]
+    runs += [run("tlru", s, j, 0.6) for s, j in zip(SEEDS, [12, 12, 9, 16, 11])]
+    runs += [
+        run("continuum", s, j, h, w, p)
+        for s, j, h, w, p in zip(
+            SEEDS, [5, 6, 4, 30, 5.5], [0.9, 0.8, 0.9, 0.1, 0.85], [1, 2, 1, 40, 2], [3, 3, 2, 45, 4]
+        )
+    ]
+    return runs
+
+
+def test_a_run_collapses_when_its_reuse_falls_below_half_its_policys_median():
+    assert collapsed_flags(fleet())[15:] == [False, False, False, True, False]
+    assert not any(collapsed_flags(fleet())[:15])
+    # the median is per policy and load: 0.2 is not a collapse where every run reuses little
+    assert collapsed_flags([run("fcfs", 1, 1, 0.2), run("fcfs", 2, 1, 0.3), run("lpm", 1, 1, 0.9)]) == [False] * 3
 
 
 def test_across_seeds_median_iqr_worst_ratios_and_collapse():
-    from sglang_continuum.bench.seeds import aggregate, headline, seeds_table
-
-    runs = [run("fcfs", s, j, 0.5) for s, j in zip(range(1, 6), [10, 12, 8, 20, 11])]
-    runs += [run("lpm", s, j, 0.6) for s, j in zip(range(1, 6), [9, 11, 8, 18, 10])]
-    runs += [
-        run("continuum", s, j, h, wait=w)
-        for s, j, h, w in zip(range(1, 6), [5, 6, 4, 30, 5.5], [0.9, 0.8, 0.9, 0.1, 0.85], [1, 2, 1, 40, 2])
-    ]
-    rows = {r["policy"]: r for r in aggregate(runs)}
+    rows = {r["policy"]: r for r in aggregate(fleet())}
+    assert list(rows) == ["fcfs", "lpm", "tlru", "continuum"]
     c = rows["continuum"]
-    assert (
-        c["jct_mean_median_s"] == 5.5
-        and c["jct_mean_worst_s"] == 30
-        and (c["jct_mean_p25_s"], c["jct_mean_p75_s"]) == (5, 6)
-    )
+    assert c["runs"] == 5 and c["jct_mean_median_s"] == 5.5 and c["jct_mean_worst_s"] == 30
+    assert (c["jct_mean_p25_s"], c["jct_mean_p75_s"]) == (5, 6) and c["jct_p95_median_s"] == 11
+    # fcfs / continuum per seed: 10/5, 12/6, 8/4, 20/30, 11/5.5
     assert c["ratio_vs_fcfs_per_run"] == [2.0, 2.0, 2.0, 20 / 30, 2.0] and c["ratio_vs_fcfs_median"] == 2.0
-    assert c["collapsed_seeds"] == [4]  # hit 0.1 < half the median 0.85
-    assert c["best_stock"] == "lpm" and c["ratio_vs_best_stock"] == 10 / 5.5
-    assert c["max_request_wait_worst_s"] == 40
-    assert rows["lpm"]["best_stock"] is None  # the only stock policy besides fcfs is itself
-    assert rows["fcfs"]["ratio_vs_fcfs_median"] == 1.0 and rows["fcfs"]["collapsed_seeds"] == []
+    # best stock: lpm (median 10) beats tlru (median 12); lpm / continuum per seed: 1.8, 11/6, 2, 0.6, 10/5.5
+    assert c["best_stock"] == "lpm" and c["ratio_vs_best_stock_median"] == 10 / 5.5
+    assert c["collapsed_runs"] == 1 and c["cache_hit_median"] == 0.85
+    assert c["max_request_wait_worst_s"] == 40 and c["p99_request_latency_worst_s"] == 45
+    assert rows["lpm"]["ratio_vs_fcfs_per_run"] == [10 / 9, 12 / 11, 1.0, 20 / 18, 1.1]
+    assert rows["lpm"]["ratio_vs_fcfs_median"] == 1.1
+    assert rows["lpm"]["best_stock"] is None and rows["lpm"]["ratio_vs_best_stock_median"] is None  # stock itself
+    assert rows["fcfs"]["ratio_vs_fcfs_median"] == 1.0 and rows["fcfs"]["collapsed_runs"] == 0
     text = headline(list(rows.values()))
+    assert "median 2.00x vs fcfs, 1.82x vs the best stock policy (lpm)" in text
+    assert "worst run 30.00 s vs fcfs's median 11.00 s; collapsed runs: 1." in text
+    table = seeds_table(list(rows.values()))
     assert (
-        "2.00x vs fcfs" in text
-        and "collapsed runs: 1" in text
-        and "worst seed 30.00 s vs fcfs's median 11.00 s" in text
+        "| continuum | 1 | 5 | 5.50 | 5.00-6.00 | 30.00 | 11.00 | 2.00x | 1.82x (lpm) | 40.00 | 45.00 | 85.0% | 1 |"
+        in table
     )
-    assert "| continuum | 1 | 5 | 5.50 | 5.00-6.00 | 30.00 |" in seeds_table(list(rows.values()))
+    assert "| lpm | 1 | 5 | 10.00 | 9.00-11.00 | 18.00 | 20.00 | 1.10x | - |" in table
+
+
+def test_ratios_pair_runs_by_seed_and_repeat_and_hicache_by_tier():
+    runs = [run("fcfs", 1, 10, repeat=0), run("fcfs", 1, 30, repeat=1)]
+    runs += [run("continuum", 1, 5, repeat=0), run("continuum", 1, 10, repeat=1)]
+    runs += [run("lpm+hicache", 1, 4), run("fcfs+hicache", 1, 8), run("continuum+hicache", 1, 2)]
+    rows = {r["policy"]: r for r in aggregate(runs)}
+    assert rows["continuum"]["ratio_vs_fcfs_per_run"] == [2.0, 3.0] and rows["continuum"]["ratio_vs_fcfs_median"] == 2.5
+    assert rows["continuum"]["best_stock"] is None  # no stock policy but fcfs on its tier
+    h = rows["continuum+hicache"]
+    assert h["ratio_vs_fcfs_per_run"] == [4.0] and h["best_stock"] == "lpm+hicache"
+    assert h["ratio_vs_best_stock_median"] == 2.0
+
+
+def test_every_run_table_names_the_seed_and_marks_collapsed_runs():
+    rows = [
+        {"policy": "fcfs", "jps": 1.0, "seed": 3, "repeat": 0, "jct_mean_s": 10.0, "jct_p95_s": 20.0},
+        {
+            "policy": "continuum",
+            "jps": 1.0,
+            "seed": 3,
+            "repeat": 0,
+            "collapsed": True,
+            "jct_mean_s": 20.0,
+            "jct_p95_s": 40.0,
+        },
+        {"policy": "fcfs", "jps": 1.0, "seed": 3, "repeat": 1, "jct_mean_s": 4.0, "jct_p95_s": 8.0},
+        {"policy": "continuum", "jps": 1.0, "seed": 3, "repeat": 1, "jct_mean_s": 2.0, "jct_p95_s": 4.0},
+    ]
+    lines = markdown_table(rows).splitlines()
+    assert lines[0].startswith("| policy | jps | seed | mean JCT s |")
+    assert lines[3].startswith("| continuum | 1 | 3 (collapsed) | 20.00 |") and lines[3].endswith("| 0.50x | 0.50x |")
+    assert lines[5].startswith("| continuum | 1 | 3/r1 | 2.00 |") and lines[5].endswith("| 2.00x | 2.00x |")
 
 
 def test_stock_policies_are_real_sglang_flags():
@@ -76,3 +137,20 @@ def test_stock_policies_are_real_sglang_flags():
     assert args == ["--schedule-policy", "fcfs", "--radix-eviction-policy", "tlru"] and env == {}
     assert "--enable-session-radix-cache" in parse_policy("session")[0]
     assert parse_policy("priority-evict")[0][-1] == "priority"
+
+
+def test_plots_pool_seeds_and_draw_the_load_curve_from_medians(tmp_path):
+    def replayed(policy, seed, jps, jct):
+        turns = [{"turn": i, "error": None, "send": i * jct / 2, "finish": (i + 1) * jct / 2} for i in range(2)]
+        r = run(policy, seed, jct)
+        return {**r, "jps": jps, "replay": {"programs": [{"ok": True, "jct": jct, "turns": turns}]}}
+
+    runs = [
+        replayed(p, s, j, jct) for j in (1.0, 2.0) for s in (1, 2) for p, jct in (("fcfs", 4.0), ("continuum", 2.0))
+    ]
+    assert [p.name for p in plots(runs, tmp_path)] == ["jct_cdf.png", "turn_latency.png", "jct_vs_jps.png"]
+    assert all(p.stat().st_size > 1000 for p in tmp_path.iterdir())
+    assert [p.name for p in plots([r for r in runs if r["jps"] == 2.0], tmp_path / "one")] == [
+        "jct_cdf.png",
+        "turn_latency.png",
+    ]
