@@ -1,0 +1,117 @@
+"""Tier 3: issue 14's reliability suite, reduced (``--quick`` sizes), against real CPU servers.
+
+The full suite is ``bash scripts/reliability.sh`` (``continuum-reliability``); these tests run a few
+of its probes and assert what the suite reports: nothing failed that should not, the server is
+healthy afterwards, pins and pool are back to empty. The probes share one continuum server with
+short lifetimes; ``oov_tokens`` runs after the others (it would take the server down if it could),
+and the SIGKILL test last (it kills the shared server, then restarts it).
+"""
+
+import json
+
+import pytest
+
+from sglang_continuum.tools import reliability as rel
+
+pytestmark = pytest.mark.e2e
+
+E = rel.E
+# pins live 10 s (long enough for the flush probe), vanished programs are forgotten after 15 s
+SHARED_ENV = {
+    **rel.SHORT_ENV,
+    E + "FIXED_TTL_S": "10",
+    E + "MAX_TTL_S": "10",
+    E + "MAX_WAIT_HOLD_S": "1",
+    E + "MAX_HOST_TTL_S": "1",
+    E + "PROGRAM_IDLE_TIMEOUT_S": "15",
+}
+
+
+def quick_ctx(tiny_model, out, *extra) -> rel.Ctx:
+    return rel.make_ctx(["--quick", "--model", tiny_model, "--out", str(out), *extra])
+
+
+@pytest.fixture(scope="module")
+def shared_ctx(tiny_model, tmp_path_factory):
+    """One continuum server for the probes below, started on a stats file of the wrong shape
+    (it must start anyway) saved every second; the last test SIGKILLs it."""
+    out = tmp_path_factory.mktemp("reliability")
+    ctx = quick_ctx(tiny_model, out)
+    stats = out / "stats.json"
+    stats.write_text('{"tool_stats": []}')
+    env = {**SHARED_ENV, E + "STATS_PATH": str(stats), E + "STATS_SAVE_INTERVAL_S": "1"}
+    server = ctx.shared = ctx.new_server("shared", env=env).start()
+    try:
+        yield ctx
+    finally:
+        server.stop()
+
+
+def assert_clean(res: rel.ProbeResult) -> None:
+    assert not res.server_died, res.problems
+    assert res.failed == 0, res.problems
+    assert res.healthy_after, res.problems
+    assert res.pins_empty is not False, res.problems
+    assert res.pool_empty is not False, res.problems
+    assert res.ok, res.problems
+
+
+def test_bad_metadata_is_served_or_refused_and_forges_no_log_line(shared_ctx):
+    res = rel.run_probe(shared_ctx, "bad_metadata")
+    assert_clean(res)
+    assert set(res.details["statuses"]) <= {"200", "400", "422"}, res.details["statuses"]
+    assert res.details["forged_log_lines_at_line_start"] == 0
+    assert res.details["raw_esc_in_log"] == res.details["raw_nul_in_log"] == 0
+    assert res.details["repeat_warning_lines"] == 1  # logged once per program and problem
+
+
+def test_flush_cache_drops_live_pins_and_counts_them(shared_ctx):
+    res = rel.run_probe(shared_ctx, "flush_cache")
+    assert_clean(res)
+    assert res.details["pinned_before_flush"]["pinned_programs"] > 0
+    assert res.details["after_flush"]["pinned_programs"] == 0
+    assert res.details["after_flush"]["used_tokens"] == 0
+    balance = res.details["balance_after_flush"]
+    assert balance["pins_flushed_total"] == res.details["pinned_before_flush"]["pinned_programs"]
+    assert balance["adds_up"], balance
+
+
+def test_abort_storm_leaves_no_pin_no_slot_no_program(shared_ctx):
+    res = rel.run_probe(shared_ctx, "abort_storm")
+    assert_clean(res)
+    assert res.details["drain"]["tracked_empty"] is True
+    assert sum(res.details["outcomes"].values()) == shared_ctx.sizes.storm_programs
+
+
+def test_out_of_vocabulary_ids_get_a_4xx_and_the_server_lives(shared_ctx):
+    res = rel.run_probe(shared_ctx, "oov_tokens")
+    assert_clean(res)
+    cases = res.details["per_policy"]["continuum"]["cases"]
+    assert all(c["alive_after"] for c in cases.values())
+    for name, case in cases.items():
+        want = 200 if name.endswith("(valid edge)") else 400
+        assert case["status"] == want, (name, case)
+
+
+def test_sigkill_under_load_then_restart_loads_and_saves_at_sigterm(shared_ctx):
+    """The shared server (started on a wrongly shaped stats file) is SIGKILLed under load: the file
+    is valid; the restart loads it, serves, and saves its statistics at SIGTERM."""
+    res = rel.run_probe(shared_ctx, "sigkill_restart")
+    assert_clean(res)
+    first, last = res.details["cycles"][0], res.details["cycles"][-1]
+    assert first["file"]["schema_ok"] and first["file"]["samples"] > 0
+    assert last["loaded_stats_logged"] and last["serves"]
+    assert last["saved_at_sigterm"], last
+
+
+def test_report_is_written(tiny_model, tmp_path):
+    """The report (json + markdown table) from results, without a server."""
+    ctx = quick_ctx(tiny_model, tmp_path)
+    res = rel.ProbeResult("bad_metadata", sent=3, failed=1, healthy_after=True, pins_empty=True, pool_empty=False)
+    res.problem("example")
+    meta = {"started": "now", "git": "x", "machine": "m", "sizes": {"pool": ctx.sizes.pool}}
+    rel.write_report(tmp_path, [res], ["continuum-reliability --quick"], meta)
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["probes"][0]["ok"] is False and data["probes"][0]["failed"] == 1
+    md = (tmp_path / "report.md").read_text()
+    assert "continuum-reliability --quick" in md and "| bad_metadata | **no** | 3 | 1 |" in md
