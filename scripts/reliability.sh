@@ -2,10 +2,12 @@
 # Issue 14's reliability suite against live CPU servers (one at a time, 127.0.0.1 only): bad
 # metadata, out-of-vocabulary ids, /flush_cache with live pins, abort storms, SIGKILL restarts, bad
 # stats paths and contents, many program ids, pressure (fcfs vs continuum). Writes
-# docs/results/reliability/report.{json,md}; extra arguments go to the suite (--probes a,b --quick ...).
+# docs/results/reliability/report.{json,md}; arguments go to the suite (--probes a,b --quick
+# --out DIR --merge ...; see --help).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash scripts/setup.sh
 export SGLANG_USE_CPU_ENGINE=1 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export CONTINUUM_RELIABILITY_COMMAND="bash scripts/reliability.sh${*:+ $*}"
 exec .venv/bin/python -m sglang_continuum.tools.reliability --out docs/results/reliability "$@"

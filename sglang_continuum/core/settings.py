@@ -49,7 +49,7 @@ class ContinuumSettings(BaseModel):
 
     # queue order and admission
     max_queue_wait_s: float = Field(
-        15.0, ge=0, description="a request waiting this long goes first (oldest first); 0 = no bound"
+        3.0, ge=0, description="a request waiting this long goes first (oldest first); 0 = no bound"
     )
     admission_control: bool = Field(
         True, description="a new program's first turn waits while the working sets of programs in flight fill the pool"
