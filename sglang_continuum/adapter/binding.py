@@ -26,6 +26,7 @@ long as the clock does. With tp_size > 1 the step time is the minimum of the ran
 
 from __future__ import annotations
 
+import atexit
 import logging
 import signal
 import threading
@@ -240,9 +241,15 @@ def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
 
 
 def _save_stats_on_sigterm(cache: ContinuumRadixCache) -> None:
-    """Save statistics when the scheduler process is told to stop (a process-group SIGTERM, and
-    the launcher's shutdown, see ``plugin.py``), then stop as SIGTERM would have."""
-    if cache.saver is None or threading.current_thread() is not threading.main_thread():
+    """Save statistics whenever the scheduler process stops: a graceful exit (SIGTERM to the
+    launcher sends the schedulers a ``ShutdownReq``; they leave their loop and the interpreter
+    exits, running ``atexit``), or a SIGTERM to the process itself (a process-group SIGTERM, and
+    the launcher's wrapped ``kill_process_tree``, see ``plugin.py``), after which it stops as
+    SIGTERM would have."""
+    if cache.saver is None:
+        return
+    atexit.register(cache.save_stats_now)
+    if threading.current_thread() is not threading.main_thread():
         return
     previous = signal.getsignal(signal.SIGTERM)
 

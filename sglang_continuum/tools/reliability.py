@@ -1533,24 +1533,20 @@ def fmt(v: Any) -> str:
     return str(v)
 
 
-def write_report(out: Path, results: list[ProbeResult], commands: list[str], meta: dict) -> None:
+def write_report(out: Path, results: list[ProbeResult], runs: list[dict], meta: dict) -> None:
+    """``runs``: each run that produced these results: {command, started, git, probes}."""
     out.mkdir(parents=True, exist_ok=True)
-    report = {"commands": commands, **meta, "probes": [r.to_dict() for r in results]}
+    report = {"runs": runs, **meta, "probes": [r.to_dict() for r in results]}
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
-    lines = [
-        "# Reliability suite (issue 14)",
-        "",
-        "```bash",
-        *commands,
-        "```",
-        "",
-        *(
-            ["Probes re-run by a later command replace the earlier results (`--merge`).", ""]
-            if len(commands) > 1
-            else []
-        ),
-        f"{meta['started']}, git {meta['git']}, {meta['machine']}; pool {meta['sizes']['pool']} tokens, "
-        "tiny model on CPU, one server at a time on 127.0.0.1.",
+    lines = ["# Reliability suite (issue 14)", "", "```bash", *(r["command"] for r in runs), "```", ""]
+    if len(runs) > 1:
+        lines += ["Probes re-run by a later command (`--merge`) replace the earlier results:", ""]
+        lines += [f"- {r['started']}, git {r['git']}: {', '.join(r['probes'])}" for r in runs]
+        lines.append("")
+    else:
+        lines += [f"{runs[0]['started']}, git {runs[0]['git']}.", ""]
+    lines += [
+        f"{meta['machine']}; pool {meta['sizes']['pool']} tokens, tiny model on CPU, one server at a time on 127.0.0.1.",
         "",
         "`max wait` = slowest request, client-observed (s). `pool empty` = no KV slot neither free nor evictable "
         "(`/v1/loads`). `ok` = every expectation of the probe held (see Problems).",
@@ -1670,19 +1666,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     if unknown:
         print(f"unknown probe(s) {unknown}; choose from {list(PROBES)}", file=sys.stderr)
         return 2
-    command = "continuum-reliability " + " ".join(shlex.quote(a) for a in argv)
+    # scripts/reliability.sh names itself (its --out comes first: the caller's --out wins)
+    command = os.environ.get("CONTINUUM_RELIABILITY_COMMAND") or "continuum-reliability " + shlex.join(argv)
+    run = {"command": command, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "git": git_rev(), "probes": names}
     meta = {
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "git": git_rev(),
         "machine": f"{os.cpu_count()} cores, {platform.platform()}",
         "logs": str(ctx.logs),
         "sizes": {k: v for k, v in vars(args).items() if not isinstance(v, Path)},
     }
-    commands, kept = [command], {}
+    runs, kept = [run], {}
     previous = args.out / "report.json"
     if args.merge and previous.is_file():
         old = json.loads(previous.read_text())
-        commands = [*old.get("commands", [old.get("command", "?")]), command]
+        runs = [*old.get("runs", []), run]
         kept = {p["probe"]: ProbeResult.from_dict(p) for p in old["probes"] if p["probe"] not in names}
     results: list[ProbeResult] = []
 
@@ -1700,7 +1696,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             f"died {res.server_died}" + "".join(f"\n    - {p}" for p in res.problems),
             flush=True,
         )
-        write_report(args.out, ordered(), commands, meta)  # partial reports survive an interrupted run
+        write_report(args.out, ordered(), runs, meta)  # partial reports survive an interrupted run
     print(f"[reliability] report: {args.out / 'report.md'}")
     return 0 if all(r.ok for r in ordered()) else 1
 

@@ -109,8 +109,8 @@ def test_report_is_written(tiny_model, tmp_path):
     ctx = quick_ctx(tiny_model, tmp_path)
     res = rel.ProbeResult("bad_metadata", sent=3, failed=1, healthy_after=True, pins_empty=True, pool_empty=False)
     res.problem("example")
-    meta = {"started": "now", "git": "x", "machine": "m", "sizes": {"pool": ctx.sizes.pool}}
-    rel.write_report(tmp_path, [res], ["continuum-reliability --quick"], meta)
+    run = {"command": "continuum-reliability --quick", "started": "now", "git": "x", "probes": ["bad_metadata"]}
+    rel.write_report(tmp_path, [res], [run], {"machine": "m", "sizes": {"pool": ctx.sizes.pool}})
     data = json.loads((tmp_path / "report.json").read_text())
     assert data["probes"][0]["ok"] is False and data["probes"][0]["failed"] == 1
     md = (tmp_path / "report.md").read_text()

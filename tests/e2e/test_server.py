@@ -174,3 +174,30 @@ def test_flush_cache_with_live_pins_is_counted(continuum_server):
     )
     assert m["sglang:continuum_pins_flushed_total"] >= 3 and m["sglang:continuum_pinned_programs"] == 0
     assert m["sglang:continuum_pins_created_total"] == ended  # every pin ever created is accounted for
+
+
+def test_sigterm_to_the_launcher_alone_saves_the_statistics(tiny_model, tmp_path):
+    """SGLang stops its schedulers gracefully on a launcher SIGTERM (no signal reaches them): the
+    statistics are saved at their exit, not lost until the next periodic save."""
+    import json
+    import os
+    import signal
+    import time
+
+    path = tmp_path / "stats.json"
+    env = {"SGLANG_CONTINUUM_STATS_PATH": str(path), "SGLANG_CONTINUUM_STATS_SAVE_INTERVAL_S": "3600"}
+    srv = SGLangServer(tiny_model, ["--schedule-policy", "continuum", *ARGS], env=env, log_path=tmp_path / "s.log")
+    with srv:
+        for _ in range(3):  # two tool returns: two samples
+            sp = {"max_new_tokens": 2, "custom_params": {"program_id": "term", "tool_name": "bash"}}
+            assert (
+                httpx.post(
+                    srv.url + "/generate", json={"text": text(6, 4), "sampling_params": sp}, timeout=60
+                ).status_code
+                == 200
+            )
+            time.sleep(0.3)
+        os.kill(srv.proc.pid, signal.SIGTERM)  # the launcher only
+        srv.proc.wait(timeout=120)
+    saved = json.loads(path.read_text())
+    assert len(saved["tool_stats"]["tools"]["bash"]) == 2
