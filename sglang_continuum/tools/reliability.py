@@ -844,6 +844,13 @@ async def _agent_loop(
     await asyncio.gather(*(agent(a) for a in range(programs)))
 
 
+def mtime_ns(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return 0
+
+
 def read_stats_file(path: Path) -> dict:
     from sglang_continuum.core.persistence import read_stats
 
@@ -875,10 +882,23 @@ async def _load_then_kill(ctx: Ctx, srv: SGLangServer, seed: int, stats: dict) -
         task.cancel()
 
 
-async def _traffic(ctx: Ctx, srv: SGLangServer, seconds: float, stats: dict, agents: int = 2) -> None:
+async def _traffic(
+    ctx: Ctx,
+    srv: SGLangServer,
+    seconds: float,
+    stats: dict,
+    agents: int = 2,
+    min_requests: int = 0,
+    cap_s: float = 60.0,
+) -> None:
+    """Agent traffic for ``seconds``, and on until ``min_requests`` were sent (at most ``cap_s``):
+    a freshly started CPU server can be slow enough that a few seconds bring no tool sample."""
     stop = asyncio.Event()
+    sent0, t0 = stats["sent"], time.monotonic()
     task = asyncio.create_task(_agent_loop(srv.url, ctx.vocab, ctx.sizes.seed, stop, stats, programs=agents))
     await asyncio.sleep(seconds)
+    while stats["sent"] - sent0 < min_requests and time.monotonic() - t0 < cap_s and not task.done():
+        await asyncio.sleep(0.2)
     stop.set()
     await asyncio.wait_for(task, timeout=90)
 
@@ -962,17 +982,25 @@ def probe_sigkill_restart(ctx: Ctx) -> ProbeResult:
                 continue
             # the last restart: load, drain, SIGTERM (statistics must be saved at shutdown)
             before = read_stats_file(path)["samples"]
-            asyncio.run(_traffic(ctx, srv, ctx.sizes.kill_after_s, stats, agents=ctx.sizes.kill_agents))
+            agents = ctx.sizes.kill_agents
+            asyncio.run(_traffic(ctx, srv, ctx.sizes.kill_after_s, stats, agents=agents, min_requests=3 * agents))
             res.healthy_after = healthy(srv)
             d = drain(srv, 15)
             res.pins_empty, res.pool_empty = d["pins_empty"], d["pool_empty"]
+            mtime = mtime_ns(path)
             row["sigterm_exit_s"] = sigterm(srv, group=True)
             row["launcher_reported_a_crash"] = "crashed with exit code" in log_text(srv)
             row["file"] = read_stats_file(path)
             row["samples_before_sigterm"] = before
-            row["saved_at_sigterm"] = row["file"]["schema_ok"] and row["file"]["samples"] > before
+            row["file_rewritten_at_sigterm"] = mtime_ns(path) > mtime
+            row["saved_at_sigterm"] = (
+                row["file_rewritten_at_sigterm"] and row["file"]["schema_ok"] and row["file"]["samples"] > before
+            )
             if not row["saved_at_sigterm"]:
-                res.problem(f"statistics not saved at SIGTERM: {before} samples before, file now {row['file']}")
+                res.problem(
+                    f"statistics not saved at SIGTERM: {before} samples before, file rewritten "
+                    f"{row['file_rewritten_at_sigterm']}, now {row['file']}"
+                )
         finally:
             srv.stop()
     res.sent += stats["sent"]
@@ -1054,7 +1082,7 @@ def _bad_stats_case(
         stats: dict = {"sent": 0, "failed": 0, "killed": 0, "lat": [], "errors": []}
 
         wait = max(2.5 * interval, 3.0) if interval < 60 else 4.0
-        asyncio.run(_traffic(ctx, srv, wait, stats))
+        asyncio.run(_traffic(ctx, srv, wait, stats, min_requests=6 if sigterm_check else 0))
         row["up_after_s"] = round(wait, 1)
         row["stayed_up"] = alive(srv) and healthy(srv, 20)
         if not row["stayed_up"]:
