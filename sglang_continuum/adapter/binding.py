@@ -165,7 +165,7 @@ def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
         add_request(req, is_retracted=is_retracted)
         if not is_retracted and get_tag(req) is None:
             cache.tag_request(req)
-        policy.mark_stale()
+        policy.requeued(req)
 
     def get_prefill_adder_class():
         return admission.adder_class(adder_class())
@@ -196,7 +196,6 @@ def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
             # memory given back outside a request's exit: SGLang clears batch_is_full only
             # when a running request leaves, so re-open admission here
             running_batch.batch_is_full = False
-            policy.mark_stale()
         plan = next_batch(running_batch=running_batch, last_batch=last_batch)
         batch = plan.batch_to_run
         if batch is not None and not batch.forward_mode.is_decode():

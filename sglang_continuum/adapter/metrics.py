@@ -65,6 +65,7 @@ class ContinuumMetrics:
             "counters": controller.counters,
             "host": controller.host_counters,
             "admission": controller.admission,
+            "programs": controller.program_counters,
             "saver": saver,
         }
         gauges = gauge_values(controller, held_back=held_back, oldest_wait_s=oldest_wait_s)

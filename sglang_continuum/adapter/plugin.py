@@ -16,6 +16,9 @@ policy when they run, so any other policy leaves SGLang exactly as it was:
 
 * ``TokenizerManager._validate_one_request`` (BEFORE): rejects out-of-vocabulary token ids with
   a 400 instead of letting them crash the scheduler.
+* ``Scheduler.close_session`` (AROUND): ``/close_session`` with a program's id (its
+  ``session_id``) ends the program after the fact -- pins and host pins released at once --
+  for agents that cannot know in advance which turn is their last.
 
 The ``continuum`` choice is added last, only once everything else registered.
 """
@@ -36,6 +39,7 @@ CACHE_FACTORY = "sglang.srt.mem_cache.registry.create_unified_radix_cache"
 INIT_POLICY = "sglang.srt.managers.scheduler.Scheduler.init_schedule_policy"
 RESOLVE_ARGS = "sglang.srt.server_args.ServerArgs.resolve_once"
 VALIDATE_REQUEST = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
+CLOSE_SESSION = "sglang.srt.managers.scheduler.Scheduler.close_session"
 
 _originals: dict[str, object] = {}
 
@@ -70,6 +74,21 @@ def _around_init_schedule_policy(original, scheduler, *args, **kwargs):
         scheduler.schedule_policy = POLICY_NAME
     scheduler.policy = binding.install(scheduler)
     return result
+
+
+def _around_close_session(original, scheduler, recv_req, *args, **kwargs):
+    if scheduler.schedule_policy != POLICY_NAME:
+        return original(scheduler, recv_req, *args, **kwargs)
+    session_id = getattr(recv_req, "session_id", None)
+    cache = scheduler.tree_cache
+    if isinstance(session_id, str) and getattr(cache, "controller", None) is not None:
+        try:
+            cache.end_program(session_id)
+        except Exception:  # a client's request must never take the scheduler down
+            logger.exception("continuum: ending program %r on /close_session failed", session_id[:80])
+    if scheduler.enable_session_radix_cache or session_id in scheduler.session_controller:
+        return original(scheduler, recv_req, *args, **kwargs)
+    return None  # a program id that was never an opened session: SGLang would only warn
 
 
 def _before_validate_request(manager, obj, input_ids, *args, **kwargs):
@@ -164,6 +183,7 @@ def register() -> None:
         (INIT_POLICY, _around_init_schedule_policy, HookType.AROUND),
         (RESOLVE_ARGS, _after_resolve, HookType.AFTER),
         (VALIDATE_REQUEST, _before_validate_request, HookType.BEFORE),
+        (CLOSE_SESSION, _around_close_session, HookType.AROUND),
     ):
         _originals.setdefault(target, _resolve(target))
         HookRegistry.register(target, hook, kind)

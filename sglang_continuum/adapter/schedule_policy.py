@@ -1,27 +1,55 @@
-"""``ContinuumSchedulePolicy``: program-level FCFS ordering of SGLang's waiting queue.
+"""``ContinuumSchedulePolicy``: program-level FCFS ordering of SGLang's waiting queue, kept
+incrementally.
 
-The order only changes when a request arrives, when a pin is added or removed (a waiting turn's
-"pinned" key), or when a request becomes overdue (bounded waiting). Between those events the
-queue only loses admitted requests, which keeps it sorted, so ``calc_priority`` re-sorts only
-when one of them happened: the per-step cost is O(1) otherwise.
+A waiting request's key (``ContinuumController.priority_key``) changes only when it is re-queued
+(retraction), when its program's pin comes or goes, or when it becomes overdue (bounded
+waiting). Between steps SGLang only removes admitted or aborted requests (which keeps the queue
+sorted) and appends arrivals at the tail. So the queue stays sorted by the key each request was
+placed with (stored on the request), and a step does only:
+
+* arrivals: the tail of requests without a placed key, each inserted by bisection;
+* pin changes: the requests of the programs whose pin changed since the last step (the pin
+  table's change log; an index program -> placed requests), moved;
+* overdue: requests whose bound passed (a heap by due time), moved.
+
+A request is found in the queue by bisecting on its placed key (keys are unique: they end in the
+request's arrival rank), so a request that has left is simply not found. Anything not known
+incrementally (a cache flush, an outrun change log) falls back to one full sort, and so does a
+queue found out of order by the audit every ``AUDIT_EVERY`` steps (a request put back by a path
+that bypasses ``_add_request_to_queue``). With ``check_integrity`` on, every step verifies the
+queue against freshly computed keys.
+
+A queue in which no request has named a program since it was last empty is left in FCFS order
+untouched, so clients that send no metadata see exactly ``fcfs``.
 """
 
 from __future__ import annotations
 
-import math
-from typing import List, Optional
+import bisect
+import heapq
+import logging
+import operator
+from typing import Iterable, List, Optional
 
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import SchedulePolicy
 
 from sglang_continuum.adapter.radix_cache import ContinuumRadixCache
-from sglang_continuum.adapter.request import TAG_ATTR
+from sglang_continuum.adapter.request import get_tag
+
+logger = logging.getLogger(__name__)
+AUDIT_EVERY = 128  # steps between cheap order audits (catches requests re-queued behind our back)
+KEY_ATTR = "_continuum_queue_key"  # the key the request was placed with; None: not placed yet
+_FCFS = (-1, 0, 0)  # placed in FCFS mode (no program seen): list order is the order
+
+
+def _placed_key(req: Req) -> tuple:
+    return getattr(req, KEY_ATTR)
 
 
 class ContinuumSchedulePolicy(SchedulePolicy):
     """Runs SGLang's FCFS path (which also refreshes prefix matches for the load snapshot), then
-    orders by ``ContinuumController.priority_key``. A queue in which no request names a program
-    is left in FCFS order untouched, so clients that send no metadata see exactly ``fcfs``."""
+    keeps the queue ordered by ``ContinuumController.priority_key``."""
 
     def __init__(
         self,
@@ -38,15 +66,27 @@ class ContinuumSchedulePolicy(SchedulePolicy):
             schedule_low_priority_values_first,
         )
         self.continuum_cache = tree_cache
-        self._stale = True
-        self._sorted_len = 0
+        self.verify = bool(tree_cache.settings.check_integrity)
+        self._programs_seen = False  # a request named a program since the queue was last empty
+        self._rebuild = True
         self._pins_version = -1
-        self._next_overdue = math.inf  # earliest time a waiting request becomes overdue
-        self.sorts = 0
+        self._by_program: dict[str, list[Req]] = {}  # placed requests per program (lazily pruned)
+        self._indexed = 0
+        self._due: list[tuple[float, int, Req]] = []  # (overdue at, request rank, request)
+        self._steps = 0
+        self.sorts = 0  # full sorts (a benchmark and test figure)
+        self.moves = 0  # incremental insertions and moves
 
+    # -- called by the binding -------------------------------------------------------------
     def mark_stale(self) -> None:
-        self._stale = True
+        """Order unknown (e.g. the cache was flushed): sort fully at the next step."""
+        self._rebuild = True
 
+    def requeued(self, req: Req) -> None:
+        """``req`` entered the waiting queue (arrival or retraction): place it afresh."""
+        setattr(req, KEY_ATTR, None)
+
+    # -- SchedulePolicy ------------------------------------------------------------------
     def calc_priority(
         self,
         waiting_queue: List[Req],
@@ -54,34 +94,140 @@ class ContinuumSchedulePolicy(SchedulePolicy):
         processed_tokens: int = 0,
     ) -> None:
         super().calc_priority(waiting_queue, running_batch, processed_tokens)
+        queue = waiting_queue
+        if not queue:
+            self._forget_all()
+            return
+        cut = len(queue)
+        while cut > 0 and getattr(queue[cut - 1], KEY_ATTR, None) is None:
+            cut -= 1
+        arrivals = queue[cut:]
         cache = self.continuum_cache
+        for req in arrivals:
+            tag = get_tag(req) or cache.tag_request(req)  # tags requests that bypassed the enqueue hook
+            self._programs_seen |= tag.meta.program_id is not None
+        if not self._programs_seen:
+            for req in arrivals:
+                setattr(req, KEY_ATTR, _FCFS)
+            self._rebuild = True  # the first program to arrive makes the keys matter
+            return
         controller = cache.controller
         now = cache.step_clock()
-        if not (
-            self._stale
-            or len(waiting_queue) > self._sorted_len  # an arrival that bypassed the enqueue hook
-            or controller.pins_version != self._pins_version
-            or now >= self._next_overdue
-        ):
-            self._sorted_len = len(waiting_queue)
-            return
-        keys = []
-        any_program = False
-        next_overdue = math.inf
-        for req in waiting_queue:
-            # tag_request is a no-op unless the request bypassed the enqueue hook
-            tag = getattr(req, TAG_ATTR, None) or cache.tag_request(req)
-            any_program |= tag.meta.program_id is not None
-            key = controller.priority_key(tag, req.is_retracted, now)
-            keys.append(key)
-            due = controller.overdue_at(tag)
-            if due is not None and now < due < next_overdue:
-                next_overdue = due
-        if any_program:
-            order = sorted(range(len(waiting_queue)), key=keys.__getitem__)
-            waiting_queue[:] = [waiting_queue[i] for i in order]
-            self.sorts += 1
-        self._stale = False
-        self._sorted_len = len(waiting_queue)
+        changed = controller.pins_changed_since(self._pins_version)
         self._pins_version = controller.pins_version
-        self._next_overdue = next_overdue
+        self._steps += 1
+        if self._steps % AUDIT_EVERY == 0 and not self._sorted(queue[:cut]):
+            logger.warning("continuum: waiting queue found out of order; re-sorting")
+            self._rebuild = True
+        if self._rebuild or changed is None:
+            self._sort_all(queue, now)
+        else:
+            del queue[cut:]
+            for pid in changed:
+                self._move(queue, self._by_program.get(pid, ()), now)
+            due = self._due
+            while due and due[0][0] <= now:
+                self._move(queue, (heapq.heappop(due)[2],), now)
+            for req in arrivals:
+                self._insert(queue, req, now)
+            if self._indexed > 2 * len(queue) + 64 or len(due) > 2 * len(queue) + 64:
+                self._reindex(queue)
+        if self.verify:
+            self.check_order(queue, now)
+
+    # -- integrity -----------------------------------------------------------------------
+    def check_order(self, queue: List[Req], now: float) -> None:
+        """Every request's placed key is its current key and the queue is sorted by it."""
+        if not self._programs_seen:
+            return
+        controller = self.continuum_cache.controller
+        keys = [_placed_key(r) for r in queue]
+        for req, key in zip(queue, keys):
+            fresh = controller.priority_key(get_tag(req), req.is_retracted, now)
+            assert key == fresh, f"stale queue key for {req.rid}: placed {key}, now {fresh}"
+        assert all(a < b for a, b in zip(keys, keys[1:])), "waiting queue out of order"
+
+    # -- internals -----------------------------------------------------------------------
+    @staticmethod
+    def _sorted(reqs: List[Req]) -> bool:
+        keys = [getattr(r, KEY_ATTR, None) for r in reqs]
+        if any(k is None or k is _FCFS for k in keys):
+            return False
+        return all(map(operator.lt, keys, keys[1:]))
+
+    def _key(self, req: Req, now: float) -> tuple:
+        return self.continuum_cache.controller.priority_key(get_tag(req), req.is_retracted, now)
+
+    def _place(self, req: Req, now: float) -> tuple:
+        """Compute and store ``req``'s key; index it by program and by overdue time."""
+        key = self._key(req, now)
+        setattr(req, KEY_ATTR, key)
+        tag = get_tag(req)
+        due = self.continuum_cache.controller.overdue_at(tag)
+        if due is not None and due > now:
+            heapq.heappush(self._due, (due, tag.request_rank, req))
+        return key
+
+    def _insert(self, queue: List[Req], req: Req, now: float) -> None:
+        key = self._place(req, now)
+        queue.insert(bisect.bisect_left(queue, key, key=_placed_key), req)
+        pid = get_tag(req).meta.program_id
+        if pid is not None:
+            self._by_program.setdefault(pid, []).append(req)
+            self._indexed += 1
+        self.moves += 1
+
+    def _move(self, queue: List[Req], reqs: Iterable[Req], now: float) -> None:
+        """Re-key requests that may still wait (found by bisecting on their placed key)."""
+        for req in list(reqs):
+            key = getattr(req, KEY_ATTR, None)
+            if key is None or key is _FCFS:
+                continue
+            i = bisect.bisect_left(queue, key, key=_placed_key)
+            if i < len(queue) and queue[i] is req:
+                del queue[i]
+                key = self._place(req, now)
+                queue.insert(bisect.bisect_left(queue, key, key=_placed_key), req)
+                self.moves += 1
+            else:  # it left the queue (admitted or aborted): forget it
+                self._unindex(req)
+
+    def _unindex(self, req: Req) -> None:
+        pid = get_tag(req).meta.program_id
+        reqs = self._by_program.get(pid)
+        if reqs is not None and req in reqs:
+            reqs.remove(req)
+            self._indexed -= 1
+            if not reqs:
+                del self._by_program[pid]
+
+    def _sort_all(self, queue: List[Req], now: float) -> None:
+        self._due.clear()
+        for req in queue:
+            self._place(req, now)
+        queue.sort(key=_placed_key)
+        self._reindex(queue)
+        self._rebuild = False
+        self.sorts += 1
+
+    def _reindex(self, queue: List[Req]) -> None:
+        self._by_program.clear()
+        for req in queue:
+            pid = get_tag(req).meta.program_id
+            if pid is not None:
+                self._by_program.setdefault(pid, []).append(req)
+        self._indexed = sum(map(len, self._by_program.values()))
+        if len(self._due) > len(queue):  # drop entries of requests that left, and duplicates
+            waiting = {id(r) for r in queue}
+            kept = {}
+            for entry in self._due:
+                if id(entry[2]) in waiting:
+                    kept.setdefault(id(entry[2]), entry)
+            self._due = list(kept.values())
+            heapq.heapify(self._due)
+
+    def _forget_all(self) -> None:
+        self._programs_seen = False
+        self._by_program.clear()
+        self._indexed = 0
+        self._due.clear()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Callable, Optional
 
-from sglang_continuum.core.tool_calls import from_text, strip_thinking
+from sglang_continuum.core.tool_calls import from_openai_tool_calls, from_text, strip_thinking
 
 logger = logging.getLogger(__name__)
 TAIL_TOKENS = 2048  # a tool call sits at the end of a turn; bound the decode cost
@@ -40,7 +40,11 @@ def sglang_detector(parser_name: Optional[str]) -> Optional[Callable[[str], Opti
             calls = detector.detect_and_parse(text, []).calls
         except Exception:
             return None
-        return calls[0].name if calls and calls[0].name else None
+        if not calls or not calls[0].name:
+            return None
+        # the same refinement as for OpenAI tool_calls: bash -> bash:python, a submit -> submit
+        call = {"function": {"name": calls[0].name, "arguments": calls[0].parameters}}
+        return from_openai_tool_calls([call])
 
     return parse
 

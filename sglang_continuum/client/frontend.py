@@ -2,8 +2,9 @@
 
 Every run of an ``@sgl.function`` is a ``StreamExecutor`` with its own id; each ``/generate`` it
 sends is tagged with that id (or with the ``program_id`` argument of the function, if it has one).
-When the run ends (SGLang calls ``end_program`` when the program state is dropped), one 1-token request with ``is_last_step`` releases the program's pin at once
-instead of letting it run out its TTL (``release_on_end=False`` turns that off).
+When the run ends (SGLang calls ``end_program`` when the program state is dropped),
+``POST /close_session`` with the program id releases the program's pins at once instead of
+letting them run out their TTL (``release_on_end=False`` turns that off).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint, http_request
 from sglang.lang.interpreter import StreamExecutor
 
-from sglang_continuum.client.params import continuum_custom_params
+from sglang_continuum.client.params import RELEASE_PATH, continuum_custom_params, release_body
 
 
 def program_id_of(s: StreamExecutor) -> str:
@@ -38,15 +39,6 @@ class ContinuumRuntimeEndpoint(RuntimeEndpoint):
             if self.release_on_end and pid in self._sent:
                 self._sent.discard(pid)
                 http_request(
-                    self.base_url + "/generate",
-                    json={
-                        "text": executor.text_,
-                        "sampling_params": {
-                            "max_new_tokens": 1,
-                            "custom_params": continuum_custom_params(pid, last_step=True),
-                        },
-                    },
-                    api_key=self.api_key,
-                    verify=self.verify,
+                    self.base_url + RELEASE_PATH, json=release_body(pid), api_key=self.api_key, verify=self.verify
                 )
         super().end_program(s)

@@ -8,6 +8,14 @@ from sglang_continuum.core.metadata import LAST_STEP_KEY, PROGRAM_ID_KEY, TOOL_N
 
 # SGLang's router (sgl-model-gateway) hashes this header for consistent, program-affine routing.
 ROUTING_HEADER = "x-smg-routing-key"
+# SGLang's own route; on a continuum server it ends the program named by ``session_id`` (its
+# pins are released at once). Call it when the run is over and no turn said ``is_last_step``.
+RELEASE_PATH = "/close_session"
+
+
+def release_body(program_id: str | int) -> dict:
+    """The JSON body of ``POST /close_session`` that ends ``program_id`` on a continuum server."""
+    return {"session_id": str(program_id)}
 
 
 def continuum_custom_params(program_id: str | int, *, last_step: bool = False, tool_name: Optional[str] = None) -> dict:

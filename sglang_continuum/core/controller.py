@@ -77,6 +77,15 @@ class AdmissionCounters:
 
 
 @dataclass(slots=True)
+class ProgramCounters:
+    last_step: int = 0  # ended by a turn flagged as the last step
+    terminal_tool: int = 0  # ended by a turn that called a terminal tool (a submit)
+    released: int = 0  # ended by the client after the fact (/close_session)
+    forgotten: int = 0  # dropped idle or by the registry bound
+    not_returned: int = 0  # ended while out on a tool call: that tool's return probability falls
+
+
+@dataclass(slots=True)
 class FinishOutcome:
     pin: Optional[Pin] = None
     release: list[Pin] = field(default_factory=list)
@@ -116,13 +125,18 @@ class ContinuumController:
             working_set_window_s=settings.working_set_window_s,
         )
         self.stats = ToolStats(
-            window=settings.tool_window, global_window=settings.global_window, max_tools=settings.max_tools
+            window=settings.tool_window,
+            global_window=settings.global_window,
+            max_tools=settings.max_tools,
+            return_window=settings.return_window,
         )
         self.pins = PinTable(budget_tokens)
         self.counters = PinCounters()
         self.host_pins = PinTable(0)  # empty budget until attach_host_tier
         self.host_counters = HostCounters()
         self.admission = AdmissionCounters()
+        self.program_counters = ProgramCounters()
+        self._terminal_tools = frozenset(settings.terminal_tools)
         self.reload_cost: Optional[ReloadCost] = None
         self._reload_heap: list[tuple[float, int, Pin]] = []  # (start time, seq, host pin)
         self._reloading: dict[str, int] = {}  # program -> tokens reloaded, until its turn is admitted
@@ -145,6 +159,7 @@ class ContinuumController:
         state, ret = self.programs.turn_arrived(meta.program_id, now, rank)
         if ret is not None:
             self.stats.record(ret.tool, ret.seconds)  # TTL models read tool times from self.stats
+            self.stats.record_outcome(ret.tool, returned=True)
         miss = state.turns_arrived > 1 and meta.program_id not in self.pins
         return TurnTag(meta, rank, state.arrival_rank, now, miss)
 
@@ -187,9 +202,13 @@ class ContinuumController:
         if state is None:
             logger.debug("continuum: straggler turn of ended program=%s; no pin", pid)
             return out
-        if meta.is_last_step:
-            self._end_program(self.programs.forget(pid))
-            logger.debug("continuum: program=%s finished; no pin", pid)
+        if meta.is_last_step or tool in self._terminal_tools:
+            self._end_program(self.programs.forget(pid), stranded=False)
+            if meta.is_last_step:
+                self.program_counters.last_step += 1
+            else:
+                self.program_counters.terminal_tool += 1
+            logger.debug("continuum: program=%s finished (%s); no pin", pid, "last step" if meta.is_last_step else tool)
             return out
         if handle is None or context_tokens <= 0:
             return out
@@ -224,7 +243,10 @@ class ContinuumController:
         """The client says the program is over (it may not know its last turn in advance):
         release what it holds and forget it."""
         released = self._drop_pins(program_id)
-        self._end_program(self.programs.forget(program_id))
+        state = self.programs.forget(program_id)
+        if state is not None:
+            self.program_counters.released += 1
+        self._end_program(state, stranded=True)
         return released
 
     def turn_retracted(self, meta: ProgramMeta) -> list[Pin]:
@@ -250,7 +272,8 @@ class ContinuumController:
         self.programs.forget_idle(now)
         for state in self.programs.drain_forgotten():
             plan.released.extend(self._drop_pins(state.program_id))
-            self._end_program(state)
+            self.program_counters.forgotten += 1
+            self._end_program(state, stranded=True)
         plan.host_expired = self.host_pins.pop_expired(now, hold)
         self.host_counters.host_expired += len(plan.host_expired)
         plan.reloads = self._due_reloads(now)
@@ -280,13 +303,17 @@ class ContinuumController:
         """Changes whenever a device pin is added or removed (a waiting turn's key may change)."""
         return self.pins.version
 
+    def pins_changed_since(self, version: int) -> Optional[set[str]]:
+        """Programs whose device pin came or went after ``version`` (None: assume all did)."""
+        return self.pins.changed_since(version)
+
     def priority_key(self, tag: TurnTag, retracted: bool, now: float) -> tuple[int, int, int]:
         """Program-level FCFS with bounded waiting (see ``priority.py``)."""
         limit = self.settings.max_queue_wait_s
         pid = tag.meta.program_id
         return priority_key(
             retracted=retracted,
-            overdue=limit > 0 and now - tag.arrival >= limit,
+            overdue=limit > 0 and now >= tag.arrival + limit,  # the same sum as overdue_at
             pinned=pid is not None and pid in self.pins,
             program_rank=tag.program_rank,
             request_rank=tag.request_rank,
@@ -398,6 +425,7 @@ class ContinuumController:
             },
             "host_counters": counter_values(self.host_counters),
             "admission": counter_values(self.admission),
+            "programs": counter_values(self.program_counters),
         }
 
     def load_snapshot(self, tool_stats: dict, signals: dict) -> None:
@@ -443,10 +471,17 @@ class ContinuumController:
         self.host_counters.host_released += 1
         return [pin]
 
-    def _end_program(self, state: Optional[ProgramState]) -> None:
-        """A program ended (last step) or was forgotten: N = its finished turns feeds eta."""
-        if state is not None and state.turns_finished > 0:
+    def _end_program(self, state: Optional[ProgramState], *, stranded: bool) -> None:
+        """A program ended (last step) or was forgotten: N = its finished turns feeds eta. One
+        that ends ``stranded`` (released or forgotten) while out on a tool call tells that the
+        tool's programs do not always come back."""
+        if state is None:
+            return
+        if state.turns_finished > 0:
             self.ttl_model.observe_program_end(state.turns_finished)
+        if stranded and state.pending_tool is not None and state.in_flight == 0:
+            self.stats.record_outcome(state.pending_tool, returned=False)
+            self.program_counters.not_returned += 1
 
     def _wait_hold(self, program_waiting: Callable[[str], bool]) -> Callable[[Pin], Optional[float]]:
         """An expired pin whose program has a turn waiting is held ``max_wait_hold_s`` longer."""

@@ -2,7 +2,10 @@
 
     tau* = argmax over tau in {0} U samples of  P(tau, f) * (T * eta + PrefillReload(r)) - tau
 
-* ``P(tau, f)``: empirical CDF of tool ``f``'s durations (``ToolStats`` windows, kept sorted).
+* ``P(tau, f) = rho_f * F_f(tau)``: the empirical CDF of tool ``f``'s durations (``ToolStats``
+  windows, kept sorted), times the probability that a program comes back from ``f`` at all
+  (``ToolStats.return_probability``; 1 until programs are seen to end while out on ``f``).
+  Scaling P by rho is scaling the benefit by rho, which is how it is computed.
 * ``T``: sliding-window mean queueing delay of returning turns that missed their prefix.
 * ``eta = -Corr(k, N - k)`` over completed programs (k turns served, N total): 1 for fixed-length
   programs, about 0 for memoryless ones; it scales how much of T a hit really saves.
@@ -182,8 +185,9 @@ class _SignalModel(TTLModel):
 class Decision:
     ttl: float
     source: str  # "cold" | "global" | "tool"
-    benefit_s: float
+    benefit_s: float  # already scaled by return_p
     samples: int
+    return_p: float = 1.0
 
 
 class CostModelTTL(_SignalModel):
@@ -212,19 +216,21 @@ class CostModelTTL(_SignalModel):
         return self.stats.window_for(tool, min_samples=self.k + 1)
 
     def decide(self, query: TTLQuery) -> Decision:
-        benefit = self.benefit_s(query.context_tokens)
+        rho = self.stats.return_probability(query.tool)
+        benefit = rho * self.benefit_s(query.context_tokens)
         cap = self.settings.max_ttl_s
         window, source = self.window_for(query.tool)
         if window is None:
             # (1 - e^-tau) B - tau is concave: its optimum within the cap is the capped optimum
             ttl = min(math.log(benefit), cap) if benefit > 1.0 else 0.0
-            return Decision(ttl, source, benefit, len(self.stats.global_samples))
-        return Decision(self._argmax(window, benefit, cap), source, benefit, len(window))
+            return Decision(ttl, source, benefit, len(self.stats.global_samples), rho)
+        return Decision(self._argmax(window, benefit, cap), source, benefit, len(window), rho)
 
     def host_ttl(self, query: TTLQuery, elapsed_s: float) -> float:
         if self.reload is None:
             return 0.0
         benefit = self.profile.seconds(query.context_tokens) - self.reload.seconds(query.context_tokens)
+        benefit *= self.stats.return_probability(query.tool)
         window, _ = self.window_for(query.tool)
         return host_ttl(
             None if window is None else window.sorted,

@@ -17,7 +17,7 @@ import os
 import tempfile
 import threading
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Annotated, Callable, Optional
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, ValidationError
@@ -31,6 +31,7 @@ class ToolStatsFile(BaseModel):
     version: int = Field(1, ge=1, le=1)
     tools: dict[str, list[NonNegativeFloat]] = {}
     global_: list[NonNegativeFloat] = Field(default_factory=list, alias="global")
+    returns: dict[str, list[Annotated[int, Field(ge=0, le=1)]]] = {}  # per tool: 1 came back, 0 never did
 
 
 class StatsFile(BaseModel):
@@ -74,7 +75,12 @@ def load_stats(controller, path: str | os.PathLike) -> bool:
     data = read_stats(path)
     if data is None:
         return False
-    tool_stats = {"version": data.tool_stats.version, "tools": data.tool_stats.tools, "global": data.tool_stats.global_}
+    tool_stats = {
+        "version": data.tool_stats.version,
+        "tools": data.tool_stats.tools,
+        "global": data.tool_stats.global_,
+        "returns": data.tool_stats.returns,
+    }
     try:
         controller.load_snapshot(tool_stats, data.signals)
     except (ValueError, TypeError, KeyError) as exc:

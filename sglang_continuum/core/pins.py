@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import heapq
 import itertools
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
@@ -33,6 +34,9 @@ class Pin:
     seq: int = field(default=0, compare=False)
 
 
+CHANGE_LOG = 4096
+
+
 class PinTable:
     """Pins keyed by program id; deadline heap and shed heap with lazy deletion."""
 
@@ -46,6 +50,9 @@ class PinTable:
         self._seq = itertools.count(1)
         self.pinned_tokens = 0
         self.version = 0  # bumps whenever the set of pins changes (lets callers cache derived state)
+        # (version, program id or None for "all") of the latest changes: lets a caller that
+        # cached per-program state since version v update only the programs that changed
+        self._changes: deque[tuple[int, Optional[str]]] = deque(maxlen=CHANGE_LOG)
 
     # -- queries -------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -59,6 +66,23 @@ class PinTable:
 
     def get(self, program_id: str) -> Optional[Pin]:
         return self._pins.get(program_id)
+
+    def changed_since(self, version: int) -> Optional[set[str]]:
+        """Programs whose pin was added or removed after ``version``; None when that is not
+        known any more (the log was outrun, or the table was cleared): assume everything did."""
+        changed: set[str] = set()
+        if version == self.version:
+            return changed
+        oldest = self._changes[0][0] if self._changes else self.version + 1
+        if version < oldest - 1:
+            return None
+        for v, program_id in reversed(self._changes):
+            if v <= version:
+                break
+            if program_id is None:
+                return None
+            changed.add(program_id)
+        return changed
 
     def next_deadline(self) -> Optional[float]:
         self._drop_stale(self._by_deadline, self._deadline_entry_live)
@@ -99,7 +123,7 @@ class PinTable:
         pin.seq = next(self._seq)
         self._pins[pin.program_id] = pin
         self.pinned_tokens += pin.tokens
-        self.version += 1
+        self._bump(pin.program_id)
         heapq.heappush(self._by_deadline, (pin.deadline, pin.seq, pin))
         heapq.heappush(self._by_arrival, (-pin.arrival_rank, -pin.seq, pin))
         self._maybe_compact()
@@ -159,7 +183,7 @@ class PinTable:
         self._by_deadline.clear()
         self._by_arrival.clear()
         self.pinned_tokens = 0
-        self.version += 1
+        self._bump(None)
         return pins
 
     # -- integrity -----------------------------------------------------------------------
@@ -179,14 +203,18 @@ class PinTable:
     def _remove(self, pin: Pin) -> None:
         del self._pins[pin.program_id]
         self.pinned_tokens -= pin.tokens
-        self.version += 1
+        self._bump(pin.program_id)
 
     def _restore(self, pin: Pin) -> None:
         """Undo ``_remove`` of a tentative victim (its deadline entry is still in the heap)."""
         self._pins[pin.program_id] = pin
         self.pinned_tokens += pin.tokens
-        self.version += 1
+        self._bump(pin.program_id)
         heapq.heappush(self._by_arrival, (-pin.arrival_rank, -pin.seq, pin))
+
+    def _bump(self, program_id: Optional[str]) -> None:
+        self.version += 1
+        self._changes.append((self.version, program_id))
 
     def _deadline_entry_live(self, entry: tuple[float, int, Pin]) -> bool:
         deadline, seq, pin = entry

@@ -3,6 +3,7 @@ reports and the README all use (``tests/unit/test_series.py`` checks the README 
 
 ``source`` names where the value lives: ``counters.<field>`` (``PinCounters``),
 ``host.<field>`` (``HostCounters``), ``admission.<field>`` (``AdmissionCounters``),
+``programs.<field>`` (``ProgramCounters``),
 ``saver.<field>`` (``StatsSaver``), or ``gauge.<name>`` (computed by the exporter).
 """
 
@@ -74,6 +75,27 @@ SERIES: tuple[Series, ...] = (
         "counter",
         "admission.admission_sheds",
         "Pins shed so that a blocked turn ranked above them could be admitted.",
+    ),
+    # how programs ended
+    Series("programs_ended_last_step", "counter", "programs.last_step", "Programs ended by a turn flagged last step."),
+    Series(
+        "programs_ended_by_tool",
+        "counter",
+        "programs.terminal_tool",
+        "Programs ended by a turn that called a terminal tool (terminal_tools, e.g. a submit).",
+    ),
+    Series(
+        "programs_released",
+        "counter",
+        "programs.released",
+        "Programs ended by the client after the fact (/close_session with the program id).",
+    ),
+    Series("programs_forgotten", "counter", "programs.forgotten", "Programs forgotten idle or by the registry bound."),
+    Series(
+        "programs_not_returned",
+        "counter",
+        "programs.not_returned",
+        "Programs that ended while out on a tool call (lowers that tool's return probability).",
     ),
     # statistics persistence
     Series("stats_saves", "counter", "saver.saved", "Tool statistics written to stats_path."),

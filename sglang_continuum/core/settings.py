@@ -46,6 +46,14 @@ class ContinuumSettings(BaseModel):
     pin_without_tool: bool = Field(
         True, description="pin turns whose tool call could not be identified (False: no tool found, no pin)"
     )
+    terminal_tools: tuple[str, ...] = Field(
+        ("submit",),
+        description="tools that end the program (a turn calling one is its last step): the submit "
+        "sentinel of mini-swe-agent is classed as 'submit'; comma-separated in the environment",
+    )
+    return_window: int = Field(
+        200, ge=1, description="per tool, the latest outcomes (came back or not) its return probability reads"
+    )
 
     # queue order and admission
     max_queue_wait_s: float = Field(
@@ -103,6 +111,13 @@ class ContinuumSettings(BaseModel):
         if name not in TTL_MODELS:
             raise ValueError(f"unknown TTL model {name!r}; choose from {sorted(TTL_MODELS)}")
         return name
+
+    @field_validator("terminal_tools", mode="before")
+    @classmethod
+    def _tool_list(cls, value):
+        if isinstance(value, str):  # from the environment: "submit,finish"
+            return tuple(t.strip() for t in value.split(",") if t.strip())
+        return value
 
     @field_validator("stats_path")
     @classmethod

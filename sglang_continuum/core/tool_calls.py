@@ -3,8 +3,14 @@
 Order of evidence: a tool name sent by the client; structured OpenAI ``tool_calls``; then the
 output text with any ``<think>...</think>`` removed first (reasoning models), tried as
 ``<tool_call>`` tags, Terminal-bench JSON (``commands[].keystrokes``), a JSON call object,
-a Llama pythonic call list, and a mini-swe-agent ```` ```bash ```` block. Anything else is
-``UNKNOWN_TOOL``, a stable class that still feeds the global statistics.
+a Llama pythonic call list, and a mini-swe-agent command block (v1 ```` ```bash ````, v2
+```` ```mswea_bash_command ````). Anything else is ``UNKNOWN_TOOL``, a stable class that still
+feeds the global statistics.
+
+Some tools end the program: a command that prints a submit sentinel (mini-swe-agent v2's
+``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``, v1's ``MINI_SWE_AGENT_FINAL_OUTPUT``) is classed
+as ``SUBMIT_TOOL``, which the controller treats as the program's last step (see
+``ContinuumSettings.terminal_tools``): the agent never comes back after it.
 
 Shell commands are classed by their first executable, and ``cd DIR && cmd`` is classed as
 ``cmd``. The SWE-agent sample decides little by itself (``python -m sglang_continuum.tools.analyze_tool_classes``): all
@@ -29,7 +35,10 @@ MAX_TOOL_LEN = 64
 _THINK = re.compile(r"<think>.*?</think>", re.S | re.I)
 _OPEN_THINK = re.compile(r"<think>.*\Z", re.S | re.I)
 _TOOL_CALL_TAG = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.S)
-_BASH_BLOCK = re.compile(r"```(?:bash|sh|shell)\s*\n(.*?)```", re.S)
+_BASH_BLOCK = re.compile(r"```(?:mswea_bash_command|bash|sh|shell)\s*\n(.*?)```", re.S)
+SUBMIT_TOOL = "submit"
+# The first line of output that makes mini-swe-agent end the run (v2, then v1).
+SUBMIT_SENTINELS = ("COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT", "MINI_SWE_AGENT_FINAL_OUTPUT")
 _PYTHONIC = re.compile(r"^\s*\[\s*([A-Za-z_][\w.]*)\s*\(", re.S)
 _SEPARATORS = {"&&", "||", ";", "|", "&"}
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
@@ -66,7 +75,9 @@ def from_openai_tool_calls(tool_calls: Optional[Iterable[dict]], *, skip_cd: boo
             except ValueError:
                 args = None
             cmd = args.get("command") if isinstance(args, dict) else None
-            exe = first_executable(cmd, skip_cd=skip_cd) if isinstance(cmd, str) else None
+            exe = command_tool(cmd, skip_cd=skip_cd) if isinstance(cmd, str) else None
+            if exe == SUBMIT_TOOL:
+                return SUBMIT_TOOL
             if exe:
                 return _clean(f"{name}:{exe}")
         return name
@@ -94,6 +105,14 @@ def _name_of_json_call(value: Any) -> Optional[str]:
     if "name" in value and ("arguments" in value or "parameters" in value):
         return _clean(value["name"])
     return None
+
+
+def command_tool(command: str, *, skip_cd: bool = True) -> Optional[str]:
+    """The tool class of a shell command: ``SUBMIT_TOOL`` for a submit sentinel, else its first
+    executable."""
+    if any(sentinel in command for sentinel in SUBMIT_SENTINELS):
+        return SUBMIT_TOOL
+    return first_executable(command, skip_cd=skip_cd)
 
 
 def first_executable(command: str, *, skip_cd: bool = True) -> Optional[str]:
@@ -141,7 +160,7 @@ def from_text(text: str, *, skip_cd: bool = True) -> Optional[str]:
                 for cmd in value["commands"]:
                     keys = cmd.get("keystrokes") if isinstance(cmd, dict) else None
                     if isinstance(keys, str) and keys.strip():
-                        return first_executable(keys, skip_cd=skip_cd)
+                        return command_tool(keys, skip_cd=skip_cd)
             name = _name_of_json_call(value)
             if name:
                 return name
@@ -149,7 +168,7 @@ def from_text(text: str, *, skip_cd: bool = True) -> Optional[str]:
         if m:
             return _clean(m.group(1))
         return None
-    return first_executable(block.group(1), skip_cd=skip_cd)
+    return command_tool(block.group(1), skip_cd=skip_cd)
 
 
 def identify_tool(

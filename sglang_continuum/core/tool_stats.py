@@ -1,8 +1,14 @@
-"""Tool-call duration statistics: bounded sliding windows per tool and globally.
+"""Tool-call statistics: bounded sliding windows of durations per tool and globally, and per
+tool whether programs came back from it at all.
 
-Each window keeps its samples both in arrival order (to drop the oldest) and sorted (so an
-empirical CDF, a quantile or the TTL argmax over candidates is one vectorised pass, with no sort
-per decision).
+Each duration window keeps its samples both in arrival order (to drop the oldest) and sorted (so
+an empirical CDF, a quantile or the TTL argmax over candidates is one vectorised pass, with no
+sort per decision).
+
+Durations are only ever observed for programs that came back. A tool after which programs often
+end (a submit the server did not recognise, an agent that gives up) would look like any other,
+so each tool also keeps its last ``return_window`` outcomes -- came back, or the program ended
+while out on it -- and ``return_probability`` scales the CDF: ``P(tau, f) = rho_f * F_f(tau)``.
 """
 
 from __future__ import annotations
@@ -90,11 +96,15 @@ class SampleWindow:
 class ToolStats:
     """Per-tool and global windows of tool durations (seconds). Bounded in tools and samples."""
 
-    def __init__(self, *, window: int = 10_000, global_window: int = 100_000, max_tools: int = 1024) -> None:
+    def __init__(
+        self, *, window: int = 10_000, global_window: int = 100_000, max_tools: int = 1024, return_window: int = 200
+    ) -> None:
         self.window = window
         self.max_tools = max_tools
+        self.return_window = return_window
         self.global_samples = SampleWindow(global_window)
         self._tools: OrderedDict[str, SampleWindow] = OrderedDict()
+        self._outcomes: OrderedDict[str, deque[bool]] = OrderedDict()  # True: came back
 
     def record(self, tool: Optional[str], seconds: float) -> None:
         tool = tool or UNKNOWN_TOOL
@@ -107,6 +117,26 @@ class ToolStats:
             self._tools.move_to_end(tool)
         w.add(seconds)
         self.global_samples.add(seconds)
+
+    def record_outcome(self, tool: Optional[str], returned: bool) -> None:
+        """A program that called ``tool`` came back (True) or ended while out on it (False)."""
+        tool = tool or UNKNOWN_TOOL
+        outcomes = self._outcomes.get(tool)
+        if outcomes is None:
+            outcomes = self._outcomes[tool] = deque(maxlen=self.return_window)
+            while len(self._outcomes) > self.max_tools:
+                self._outcomes.popitem(last=False)
+        else:
+            self._outcomes.move_to_end(tool)
+        outcomes.append(bool(returned))
+
+    def return_probability(self, tool: Optional[str]) -> float:
+        """``(returns + 1) / (outcomes + 1)``: 1 for a tool never seen to strand a program, and
+        falling towards the observed rate as programs end while out on it."""
+        outcomes = self._outcomes.get(tool or UNKNOWN_TOOL)
+        if not outcomes:
+            return 1.0
+        return (sum(outcomes) + 1.0) / (len(outcomes) + 1.0)
 
     def tool(self, tool: Optional[str]) -> Optional[SampleWindow]:
         return self._tools.get(tool or UNKNOWN_TOOL)
@@ -121,6 +151,8 @@ class ToolStats:
 
     def check_integrity(self) -> None:
         assert len(self._tools) <= self.max_tools, "too many tool classes"
+        assert len(self._outcomes) <= self.max_tools, "too many tool classes with outcomes"
+        assert all(len(o) <= self.return_window for o in self._outcomes.values()), "outcome window"
         self.global_samples.check_integrity()
         for window in self._tools.values():
             window.check_integrity()
@@ -134,6 +166,7 @@ class ToolStats:
             "window": self.window,
             "tools": {name: w.samples() for name, w in self._tools.items()},
             "global": self.global_samples.samples(),
+            "returns": {name: [int(x) for x in o] for name, o in self._outcomes.items()},
         }
 
     def load_dict(self, data: dict) -> None:
@@ -143,3 +176,6 @@ class ToolStats:
             w = self._tools.setdefault(str(name), SampleWindow(self.window))
             w.extend(samples)
         self.global_samples.extend(data.get("global", []))
+        for name, outcomes in data.get("returns", {}).items():
+            for returned in outcomes:
+                self.record_outcome(str(name), bool(returned))

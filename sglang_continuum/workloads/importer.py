@@ -2,10 +2,11 @@
 
 * OpenAI-format message lists (``messages`` as a list or a JSON string; assistant messages carry
   ``tool_calls[*].execution_time_seconds``), e.g. SWE-agent / SWE-smith trajectories.
-* mini-swe-agent trajectory files (``{"messages": [...], "info": ...}``): the tool is the first
-  executable of the assistant's ```` ```bash ```` block; mini-swe-agent does not record tool
-  times, so a message's ``extra.duration`` / ``execution_time_seconds`` is used when present and
-  ``default_tool_s`` otherwise.
+* mini-swe-agent trajectory files (``{"messages": [...], "info": ...}``, v1 and v2): the tool is
+  the first executable of the assistant's command block (v2 ```` ```mswea_bash_command ````, v1
+  ```` ```bash ````) or of its native ``bash`` tool call; mini-swe-agent does not record tool
+  times, so a message's ``extra.duration`` / ``execution_time_seconds`` is used when present
+  (``continuum-agents`` writes it) and ``default_tool_s`` otherwise.
 
 One assistant message is one turn. Its ``append_tokens`` are the tokens of every message since the
 previous assistant message (system prompt and task on the first turn, tool output after), its

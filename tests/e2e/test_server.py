@@ -1,10 +1,13 @@
 """Tier 3: a real ``python -m sglang.launch_server`` with the plugin, driven over HTTP."""
 
+import time
+
 import httpx
 import pytest
 from openai import OpenAI
 
 from sglang_continuum.client import continuum_extra_body
+from sglang_continuum.client.params import RELEASE_PATH, release_body
 from sglang_continuum.tools.server import SGLangServer, parse_metrics
 from tests.e2e.conftest import ARGS, POOL
 
@@ -119,10 +122,71 @@ def test_frontend_program_carries_its_program_id(continuum_server):
     hits = after["sglang:continuum_pin_hits_total"] - before["sglang:continuum_pin_hits_total"]
     assert created == 2 and hits == 1  # gen 1 pinned -> gen 2 hit it and pinned again
     assert after["sglang:continuum_pinned_programs"] == 1
-    del state  # the run is over (SGLang ends it when the state goes): a last-step request releases the pin
-    final = parse_metrics(continuum_server.metrics())
-    assert final["sglang:continuum_pin_hits_total"] - before["sglang:continuum_pin_hits_total"] == 2
-    assert final["sglang:continuum_pinned_programs"] == 0
+    del state  # the run is over (SGLang ends it when the state goes): /close_session releases the pin
+    final = wait_for_metrics(continuum_server, lambda m: m["sglang:continuum_pinned_programs"] == 0)
+    assert final["sglang:continuum_pin_hits_total"] - before["sglang:continuum_pin_hits_total"] == 1
+    released = "sglang:continuum_programs_released_total"
+    assert final[released] - before[released] == 1
+
+
+def wait_for_metrics(server, done, timeout_s: float = 20.0) -> dict:
+    """/close_session is acknowledged before the scheduler handles it: poll for the effect."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        metrics = parse_metrics(server.metrics())
+        if done(metrics) or time.monotonic() > deadline:
+            return metrics
+        time.sleep(0.2)
+
+
+def generate(url: str, prompt: str, custom_params: dict, max_new_tokens: int = 4, **extra) -> dict:
+    body = {
+        "text": prompt,
+        "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True, "custom_params": custom_params},
+        **extra,
+    }
+    r = httpx.post(url + "/generate", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_close_session_ends_a_program_after_the_fact(continuum_server):
+    """An agent that could not know its last turn releases the program when the run is over."""
+    before = parse_metrics(continuum_server.metrics())
+    out = generate(continuum_server.url, text(60, 21), {"program_id": "agent-close", "tool_name": "bash"})
+    assert out["text"]
+    pinned = parse_metrics(continuum_server.metrics())
+    assert pinned["sglang:continuum_pins_created_total"] == before["sglang:continuum_pins_created_total"] + 1
+    r = httpx.post(continuum_server.url + RELEASE_PATH, json=release_body("agent-close"), timeout=30)
+    assert r.status_code == 200
+    key = "sglang:continuum_programs_released_total"
+    after = wait_for_metrics(continuum_server, lambda m: m[key] == before[key] + 1)
+    assert after[key] == before[key] + 1
+    releases = "sglang:continuum_pin_releases_total"
+    assert after[releases] >= pinned[releases] + 1  # its pin went with it, before any TTL (25 s here)
+    # closing an id the server never saw (or twice) is harmless
+    for pid in ("agent-close", "never-seen"):
+        assert httpx.post(continuum_server.url + RELEASE_PATH, json=release_body(pid), timeout=30).status_code == 200
+    assert httpx.get(continuum_server.url + "/health", timeout=10).status_code == 200
+
+
+def test_a_submit_tool_ends_the_program_without_a_pin(continuum_server):
+    """The client names the submit tool (the server classes mini-swe-agent's sentinel the same
+    way): the turn is the program's last, so no pin is made although no last-step flag came."""
+    before = parse_metrics(continuum_server.metrics())
+    generate(continuum_server.url, text(50, 31), {"program_id": "agent-submit", "tool_name": "submit"})
+    after = wait_for_metrics(
+        continuum_server,
+        lambda m: (
+            m["sglang:continuum_programs_ended_by_tool_total"]
+            == before["sglang:continuum_programs_ended_by_tool_total"] + 1
+        ),
+    )
+    assert (
+        after["sglang:continuum_programs_ended_by_tool_total"]
+        == before["sglang:continuum_programs_ended_by_tool_total"] + 1
+    )
+    assert after["sglang:continuum_pins_created_total"] == before["sglang:continuum_pins_created_total"]
 
 
 @pytest.mark.parametrize("ids", [[999_999], [-1, 5]], ids=["too-large", "negative"])

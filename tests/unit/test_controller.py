@@ -228,3 +228,76 @@ def test_warm_start_round_trip(tmp_path):
     (tmp_path / "bad.json").write_text("{not json")
     assert not load_stats(fresh, tmp_path / "bad.json")  # a corrupt file is ignored, not fatal
     assert not load_stats(fresh, tmp_path / "missing.json")
+
+
+def test_a_terminal_tool_ends_the_program_like_a_last_step():
+    c, _ = make(fixed_ttl_s=3.0)
+    c.turn_arrived(turn("p"))
+    c.turn_finished(turn("p"), context_tokens=100, handle="h1", tool="bash:ls")
+    tag = c.turn_arrived(turn("p"))
+    c.turn_admitted(tag, 120)
+    out = c.turn_finished(turn("p"), context_tokens=150, handle="h2", tool="submit")  # no last-step flag
+    assert out.pin is None and "p" not in c.programs and len(c.pins) == 0
+    assert c.program_counters.terminal_tool == 1 and c.program_counters.last_step == 0
+    c2, _ = make(fixed_ttl_s=3.0, terminal_tools="finish, submit")  # as read from the environment
+    assert c2.settings.terminal_tools == ("finish", "submit")
+    c2.turn_arrived(turn("q"))
+    assert c2.turn_finished(turn("q", tool="finish"), context_tokens=10, handle="h").pin is None
+
+
+def test_end_program_releases_pins_at_once_and_teaches_non_return():
+    c, clock = make(fixed_ttl_s=30.0)
+    c.turn_arrived(turn("p"))
+    out = c.turn_finished(turn("p"), context_tokens=100, handle="h1", tool="bash:python")
+    assert out.pin is not None
+    released = c.end_program("p")
+    assert [p.handle for p in released] == ["h1"] and "p" not in c.programs and len(c.pins) == 0
+    assert c.program_counters.released == 1 and c.program_counters.not_returned == 1
+    assert c.stats.return_probability("bash:python") == pytest.approx(0.5)  # (0 + 1) / (1 + 1)
+    assert c.end_program("p") == [] and c.program_counters.released == 1  # twice is harmless
+    c.check_integrity()
+
+
+def test_programs_forgotten_while_out_on_a_tool_count_as_not_returned():
+    c, clock = make(program_idle_timeout_s=400.0, max_host_ttl_s=10.0)
+    c.turn_arrived(turn("p"))
+    c.turn_finished(turn("p"), context_tokens=10, handle="h", tool="giveup")
+    clock.advance(401.0)
+    plan = c.step(lambda pid: False)
+    assert [p.handle for p in plan.expired + plan.released] == ["h"]
+    assert c.program_counters.forgotten == 1 and c.stats.return_probability("giveup") < 1.0
+
+
+def test_cost_model_stops_pinning_a_tool_whose_programs_never_return():
+    """A generated workload where one tool always ends the program (the client releases it after
+    the fact) and another always comes back after 0.2 s: the first tool's TTL falls to 0."""
+    c, clock = make(ttl_model="cost", cold_start_k=5, fixed_ttl_s=0.0)
+    c.ttl_model.queue_delay.add(3.0)  # a miss costs 3 s of queueing
+    for i in range(40):
+        pid = f"p{i}"
+        c.turn_arrived(turn(pid))
+        c.turn_finished(turn(pid), context_tokens=1000, handle="h", tool="bash:pytest")
+        clock.advance(0.2)
+        c.turn_admitted(c.turn_arrived(turn(pid)), 1100)
+        c.turn_finished(turn(pid), context_tokens=1100, handle="h", tool="deploy")
+        c.end_program(pid)  # 'deploy' never comes back
+    assert c.stats.return_probability("deploy") == pytest.approx(1 / 41)
+    assert c.stats.return_probability("bash:pytest") == 1.0
+    c.turn_arrived(turn("z"))
+    assert c.turn_finished(turn("z"), context_tokens=1000, handle="h", tool="bash:pytest").ttl > 0
+    c.turn_arrived(turn("y"))
+    assert c.turn_finished(turn("y"), context_tokens=1000, handle="h", tool="deploy").ttl == 0.0
+
+
+def test_return_outcomes_survive_a_warm_start(tmp_path):
+    from sglang_continuum.core.persistence import load_stats, write_stats
+
+    c, _ = make(ttl_model="cost")
+    c.turn_arrived(turn("p"))
+    c.turn_finished(turn("p"), context_tokens=10, handle=None, tool="deploy")
+    c.end_program("p")
+    path = tmp_path / "stats.json"
+    write_stats(c.snapshot(), path)
+    fresh, _ = make(ttl_model="cost")
+    assert load_stats(fresh, path)
+    assert fresh.stats.return_probability("deploy") == c.stats.return_probability("deploy") == 0.5

@@ -179,3 +179,26 @@ def test_table_matches_a_reference_model(budget, ops):
         assert t.pinned_tokens <= budget
     returned.extend(t.clear())
     assert sorted(map(id, returned)) == sorted(map(id, created))
+
+
+def test_changed_since_names_exactly_the_programs_whose_pin_came_or_went():
+    from sglang_continuum.core import pins as pins_module
+
+    t = PinTable(100)
+    v0 = t.version
+    t.add(pin("a", 30))
+    t.add(pin("b", 20, arrival=1))
+    v1 = t.version
+    assert t.changed_since(v0) == {"a", "b"} and t.changed_since(v1) == set()
+    t.pop("a")
+    t.add(pin("c", 60, arrival=2))
+    assert t.changed_since(v1) == {"a", "c"}
+    v2 = t.version
+    t.clear()
+    assert t.changed_since(v2) is None  # cleared: every program may have changed
+    t2 = PinTable(10**9)
+    start = t2.version
+    for i in range(pins_module.CHANGE_LOG + 1):
+        t2.add(pin(f"p{i}", 1, arrival=i))
+    assert t2.changed_since(start) is None  # the log was outrun
+    assert t2.changed_since(t2.version - 1) == {f"p{pins_module.CHANGE_LOG}"}

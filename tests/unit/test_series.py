@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from sglang_continuum.core.controller import AdmissionCounters, HostCounters, PinCounters
+from sglang_continuum.core.controller import AdmissionCounters, HostCounters, PinCounters, ProgramCounters
 from sglang_continuum.core.series import SERIES, series_name
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -17,7 +17,12 @@ def test_every_series_is_documented_in_the_readme():
 def test_every_counter_field_is_exported_once():
     sources = [s.source for s in SERIES]
     assert len(sources) == len(set(sources)) and len({s.name for s in SERIES}) == len(SERIES)
-    for group, counters in (("counters", PinCounters), ("host", HostCounters), ("admission", AdmissionCounters)):
+    for group, counters in (
+        ("counters", PinCounters),
+        ("host", HostCounters),
+        ("admission", AdmissionCounters),
+        ("programs", ProgramCounters),
+    ):
         for field in counters.__dataclass_fields__:
             assert f"{group}.{field}" in sources, f"{group}.{field} has no series"
 

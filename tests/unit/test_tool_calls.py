@@ -92,3 +92,31 @@ def test_client_tool_wins_and_unknown_is_stable():
     assert identify_tool("plain prose") == "unknown" == identify_tool(None)
     calls = [{"function": {"name": "bash", "arguments": json.dumps({"command": "cd /x && git diff"})}}]
     assert identify_tool(MINI_SWE, tool_calls=calls) == "bash:git"
+
+
+# mini-swe-agent 2.4.6 text mode (``LitellmTextbasedModel``): one ```mswea_bash_command block a turn
+MSWEA_STEP = "THOUGHT: let me look at the tests first.\n\n```mswea_bash_command\ncd /repo && python -m pytest -q\n```"
+MSWEA_SUBMIT = "THOUGHT: done.\n\n```mswea_bash_command\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```"
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (MSWEA_STEP, "python"),
+        (MSWEA_SUBMIT, "submit"),
+        ("```bash\necho MINI_SWE_AGENT_FINAL_OUTPUT && git diff\n```", "submit"),  # v1 sentinel
+        ("```mswea_bash_command\necho hello\n```", "echo"),  # an ordinary echo is not a submit
+    ],
+)
+def test_mini_swe_agent_v2_text_blocks(text, expected):
+    assert identify_tool(text) == expected
+
+
+def test_mini_swe_agent_v2_native_tool_calls():
+    """v2's default mode: one ``bash`` function with a ``command`` argument."""
+
+    def call(command):
+        return [{"type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": command})}}]
+
+    assert identify_tool(tool_calls=call("grep -rn foo src")) == "bash:grep"
+    assert identify_tool(tool_calls=call("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")) == "submit"

@@ -1,0 +1,402 @@
+"""``continuum-agents``: real mini-swe-agent programs against a server, one program id per task.
+
+Each task (``workloads/tasks/*``: a tiny repository with a failing test) is one mini-swe-agent
+2.4.6 ``DefaultAgent`` run in a ``LocalEnvironment`` on a fresh copy of the repository: the model
+answers, the command really runs (its wall time is the tool time), the output goes back, until
+the agent submits (``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``) or hits the step limit.
+
+Every request of a task carries the task's program id three ways (the models of
+``client/mini_swe_agent.py``): ``custom_params.program_id`` (Continuum), ``session_id`` (so
+``/close_session`` ends it) and the ``X-SMG-Routing-Key`` header (SGLang's router). The last-step
+flag is set only on the turn the step limit makes last; a run that ends otherwise (submit, format
+errors) is released after the fact with ``/close_session`` (the server also recognises the submit
+command by itself).
+
+With ``--grammar`` (the default; needed for the embedded random model) decoding is forced by an
+EBNF grammar (``extra_body.ebnf``) to one command from the task's command set or the submit, so a
+random model takes real steps; with a real model, ``--no-grammar``. ``--mode text`` uses v2's
+text format (```` ```mswea_bash_command ```` blocks, ``LitellmTextbasedModel``); ``--mode
+native`` v2's default tool calls (``LitellmModel``, one ``bash`` function; the server needs
+``--tool-call-parser``, qwen25 for the grammar used here).
+
+    continuum-agents --url http://127.0.0.1:30000 --tasks workloads/tasks --concurrency 4 --out out/agents
+    continuum-agents --model .models/tiny-llama --policies fcfs,continuum --tasks workloads/tasks --out DIR
+
+The second form starts one CPU server per policy (identical flags) and writes the runs side by
+side. Exit status 0 when every task ended by submit or step limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import httpx
+
+from sglang_continuum.core.tool_calls import SUBMIT_SENTINELS, command_tool
+from sglang_continuum.tools.server import SGLangServer, parse_metrics
+
+SUBMIT_COMMAND = f"echo {SUBMIT_SENTINELS[0]}"
+ENDED_OK = {"Submitted", "LimitsExceeded"}  # a task "ended" by submit or by its step limit
+THOUGHTS = ("Let me look at the repository.", "Let me check the code.", "I will run the tests.", "I am done.")
+
+
+@dataclass(frozen=True)
+class AgentTask:
+    name: str
+    repo: Path
+    task: str
+    commands: tuple[str, ...]
+    submit: bool = True  # the grammar offers the submit command (False: the run ends at the step limit)
+
+    @classmethod
+    def load(cls, folder: Path) -> "AgentTask":
+        meta = json.loads((folder / "task.json").read_text())
+        if not (folder / "repo").is_dir() or not isinstance(meta.get("task"), str):
+            raise ValueError(f"{folder}: a task needs repo/ and task.json with a 'task' string")
+        commands = tuple(meta.get("commands", ()))
+        return cls(folder.name, folder / "repo", meta["task"], commands, bool(meta.get("submit", True)))
+
+
+def load_tasks(root: Path) -> list[AgentTask]:
+    tasks = [AgentTask.load(p) for p in sorted(Path(root).iterdir()) if (p / "task.json").is_file()]
+    if not tasks:
+        raise ValueError(f"no tasks (folders with task.json) under {root}")
+    return tasks
+
+
+def _lit(text: str) -> str:
+    return json.dumps(text)  # an EBNF string literal: JSON escapes are the grammar's escapes
+
+
+def command_grammar(commands: tuple[str, ...], mode: str, *, submit: bool = True) -> str:
+    """EBNF (xgrammar) for one step: a short thought and exactly one command of the set or the
+    submit, in mini-swe-agent v2's text block (``text``) or as a qwen25-style tool call
+    (``native``)."""
+    commands = (*commands, SUBMIT_COMMAND) if submit else tuple(commands)
+    if not commands:
+        raise ValueError("a grammar needs at least one command")
+    if mode == "text":
+        choices = " | ".join(_lit(c) for c in commands)
+        thought = " | ".join(_lit(t) for t in THOUGHTS)
+        return (
+            'root ::= "THOUGHT: " thought "\\n\\n```mswea_bash_command\\n" command "\\n```"\n'
+            f"thought ::= {thought}\ncommand ::= {choices}\n"
+        )
+    choices = " | ".join(_lit(json.dumps(c)[1:-1]) for c in commands)  # inside a JSON string
+    head = _lit('<tool_call>\n{"name": "bash", "arguments": {"command": "')
+    tail = _lit('"}}\n</tool_call>')
+    return f"root ::= {head} command {tail}\ncommand ::= {choices}\n"
+
+
+@dataclass
+class TurnRecord:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    command: Optional[str] = None
+    tool: Optional[str] = None
+    tool_s: Optional[float] = None
+    returncode: Optional[int] = None
+
+
+@dataclass
+class TaskResult:
+    task: str
+    program_id: str
+    exit_status: str
+    steps: int
+    jct_s: float
+    turns: list[TurnRecord] = field(default_factory=list)
+    error: Optional[str] = None
+
+    @property
+    def ended(self) -> bool:
+        return self.exit_status in ENDED_OK
+
+
+def _agent_classes():
+    os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
+    os.environ.setdefault("MSWEA_COST_TRACKING", "ignore_errors")
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no cost-map download at import
+    try:
+        from minisweagent.agents.default import DefaultAgent
+        from minisweagent.environments.local import LocalEnvironment
+
+        from sglang_continuum.client.mini_swe_agent import ContinuumLitellmModel, ContinuumLitellmTextbasedModel
+    except ImportError as exc:  # an optional dependency: requirements/agents.txt
+        raise SystemExit(
+            f"continuum-agents needs mini-swe-agent (pip install -r requirements/agents.txt): {exc}"
+        ) from exc
+
+    class TimedEnvironment(LocalEnvironment):
+        """``LocalEnvironment`` that records each command's wall time (the real tool time)."""
+
+        def __init__(self, **kwargs) -> None:
+            super().__init__(**kwargs)
+            self.records: list[tuple[str, float, Optional[int]]] = []
+
+        def execute(self, action: dict, cwd: str = "", *, timeout: Optional[int] = None) -> dict:
+            t0 = time.perf_counter()
+            code: Optional[int] = None
+            try:
+                out = super().execute(action, cwd, timeout=timeout)
+                code = out.get("returncode")
+                return out
+            except Exception:  # Submitted is raised after the command ran successfully
+                code = 0
+                raise
+            finally:
+                self.records.append((action.get("command", ""), time.perf_counter() - t0, code))
+
+    class ProgramAgent(DefaultAgent):
+        """Marks the turn that the step limit makes last; everything else is mini-swe-agent's."""
+
+        def query(self) -> dict:
+            self.model.mark_last_step(0 < self.config.step_limit == self.n_calls + 1)
+            return super().query()
+
+    return ProgramAgent, TimedEnvironment, ContinuumLitellmModel, ContinuumLitellmTextbasedModel
+
+
+def _agent_config(mode: str) -> dict:
+    import yaml
+    from minisweagent.config import builtin_config_dir
+
+    name = "mini_textbased.yaml" if mode == "text" else "mini.yaml"
+    return yaml.safe_load((builtin_config_dir / name).read_text())
+
+
+def run_task(task: AgentTask, url: str, program_id: str, args, workdir: Path) -> TaskResult:
+    ProgramAgent, TimedEnvironment, ToolCallModel, TextModel = _agent_classes()
+    config = _agent_config(args.mode)
+    repo = workdir / program_id
+    shutil.copytree(task.repo, repo)
+    model_kwargs = {
+        **(config.get("model", {}).get("model_kwargs") or {}),
+        "api_base": url + "/v1",
+        "api_key": "none",
+        "max_tokens": args.max_tokens,
+        "temperature": 1.0,
+    }
+    if args.grammar:
+        model_kwargs["extra_body"] = {"ebnf": command_grammar(task.commands, args.mode, submit=task.submit)}
+    model_config = {k: v for k, v in config.get("model", {}).items() if k != "model_kwargs"}
+    model_class = TextModel if args.mode == "text" else ToolCallModel
+    model = model_class(
+        program_id=program_id, model_name=f"openai/{args.model_name}", model_kwargs=model_kwargs, **model_config
+    )
+    env = TimedEnvironment(**{**config.get("environment", {}), "cwd": str(repo), "timeout": args.command_timeout_s})
+    agent_config = {k: v for k, v in config.get("agent", {}).items() if k != "mode"}
+    agent_config |= {"step_limit": args.step_limit, "cost_limit": 0.0, "output_path": None}
+    agent = ProgramAgent(model, env, **agent_config)
+    t0 = time.monotonic()
+    error = None
+    try:
+        info = agent.run(task.task)
+        status = info.get("exit_status") or "unknown"
+    except Exception as exc:  # the run's error is the result; the other tasks go on
+        status, error = type(exc).__name__, str(exc)[:500]
+    jct = time.monotonic() - t0
+    model.close()  # /close_session: the program is over, whatever ended it
+    turns = _turns(agent, env.records)  # also writes the tool times into the trajectory
+    if args.out is not None:
+        trajectories = Path(args.out) / "trajectories"
+        trajectories.mkdir(parents=True, exist_ok=True)
+        agent.save(trajectories / f"{program_id}.json")
+    return TaskResult(task.name, program_id, status, agent.n_calls, jct, turns, error)
+
+
+def _turns(agent, records) -> list[TurnRecord]:
+    """One record per model call that produced an action, paired with the command it ran; the
+    tool time is also written into the trajectory (``extra.execution_time_seconds``) for the
+    importer."""
+    turns = []
+    calls = [m for m in agent.messages if m.get("role") == "assistant"]
+    for i, message in enumerate(calls):
+        usage = ((message.get("extra") or {}).get("response") or {}).get("usage") or {}
+        details = usage.get("prompt_tokens_details") or {}
+        turn = TurnRecord(
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            cached_tokens=int(details.get("cached_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0),
+        )
+        if i < len(records):
+            command, seconds, code = records[i]
+            turn.command, turn.tool_s, turn.returncode = command, round(seconds, 4), code
+            turn.tool = command_tool(command)
+            message.setdefault("extra", {})["execution_time_seconds"] = seconds
+        turns.append(turn)
+    return turns
+
+
+def summarize(results: list[TaskResult], metrics_delta: dict, pins_left: float) -> dict:
+    later = [t for r in results for t in r.turns[1:]]
+    prompt = sum(t.prompt_tokens for t in later)
+    tool_times = [t.tool_s for r in results for t in r.turns if t.tool_s is not None]
+    return {
+        "tasks": len(results),
+        "ended": sum(r.ended for r in results),
+        "exit_statuses": {
+            s: sum(r.exit_status == s for r in results) for s in sorted({r.exit_status for r in results})
+        },
+        "mean_jct_s": statistics.fmean(r.jct_s for r in results) if results else 0.0,
+        "max_jct_s": max((r.jct_s for r in results), default=0.0),
+        "mean_steps": statistics.fmean(r.steps for r in results) if results else 0.0,
+        "later_turn_cached_fraction": sum(t.cached_tokens for t in later) / prompt if prompt else 0.0,
+        "tool_calls": len(tool_times),
+        "mean_tool_s": statistics.fmean(tool_times) if tool_times else 0.0,
+        "pins_left_at_end": pins_left,
+        "metrics_delta": metrics_delta,
+    }
+
+
+def _scrape(url: str) -> dict[str, float]:
+    try:
+        return parse_metrics(httpx.get(url + "/metrics", timeout=10).text, prefix="sglang:")
+    except httpx.HTTPError:
+        return {}
+
+
+def _pins_left(url: str, wait_s: float = 10.0) -> float:
+    """Pinned programs once the releases are handled (``/close_session`` is acknowledged first)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = _scrape(url).get("sglang:continuum_pinned_programs", 0.0)
+        if left == 0 or time.monotonic() > deadline:
+            return left
+        time.sleep(0.25)
+
+
+def run_fleet(url: str, tasks: list[AgentTask], args, label: str) -> dict:
+    before = _scrape(url)
+    run_id = f"{label}-{int(time.time())}"
+    with tempfile.TemporaryDirectory(prefix="continuum-agents-") as tmp:
+        jobs = [(task, f"{run_id}-{task.name}-{k}") for k in range(args.repeat) for task in tasks]
+        lock = threading.Lock()
+        done: list[TaskResult] = []
+
+        def one(job):
+            result = run_task(job[0], url, job[1], args, Path(tmp))
+            with lock:
+                done.append(result)
+                print(
+                    f"  [{label}] {result.task}: {result.exit_status} after {result.steps} steps, "
+                    f"{result.jct_s:.1f} s ({len(done)}/{len(jobs)})",
+                    flush=True,
+                )
+            return result
+
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(max_workers=args.concurrency) as pool:
+            results = list(pool.map(one, jobs))
+        makespan = time.monotonic() - t0
+    pins_left = _pins_left(url)
+    after = _scrape(url)
+    delta = {k: after[k] - before.get(k, 0.0) for k in after if k.endswith("_total") and after[k] != before.get(k, 0.0)}
+    summary = summarize(results, delta, pins_left) | {"makespan_s": makespan}
+    return {"label": label, "url": url, "summary": summary, "tasks": [asdict(r) for r in results]}
+
+
+def write_report(out: Path, runs: list[dict], args) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    report = {
+        "tool": "continuum-agents",
+        "mode": args.mode,
+        "grammar": args.grammar,
+        "concurrency": args.concurrency,
+        "step_limit": args.step_limit,
+        "runs": runs,
+    }
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    lines = [
+        "# continuum-agents",
+        "",
+        f"mini-swe-agent 2.4.6 ({args.mode} mode{', grammar-forced commands' if args.grammar else ''}), "
+        f"concurrency {args.concurrency}, step limit {args.step_limit}.",
+        "",
+        "| run | tasks ended | mean JCT (s) | max JCT (s) | makespan (s) | mean steps | cached fraction, later turns | tool calls | mean tool time (s) | pins left |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        s = run["summary"]
+        lines.append(
+            f"| {run['label']} | {s['ended']}/{s['tasks']} | {s['mean_jct_s']:.1f} | {s['max_jct_s']:.1f} | "
+            f"{s['makespan_s']:.1f} | {s['mean_steps']:.1f} | {s['later_turn_cached_fraction']:.3f} | "
+            f"{s['tool_calls']} | {s['mean_tool_s']:.3f} | {s['pins_left_at_end']:.0f} |"
+        )
+    lines += [
+        "",
+        "Per task:",
+        "",
+        "| run | task | exit | steps | JCT (s) | commands (tool time s) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        for t in run["tasks"]:
+            cmds = "; ".join(f"`{x['command']}` ({x['tool_s']:.3f})" for x in t["turns"] if x["command"])
+            lines.append(
+                f"| {run['label']} | {t['task']} | {t['exit_status']} | {t['steps']} | {t['jct_s']:.1f} | {cmds} |"
+            )
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    where = ap.add_mutually_exclusive_group(required=True)
+    where.add_argument("--url", help="a running server (any policy)")
+    where.add_argument("--model", help="start one CPU server per --policies with this model")
+    ap.add_argument("--policies", default="fcfs,continuum", help="with --model")
+    ap.add_argument("--server-args", default="", help="extra flags for every server started, quoted")
+    ap.add_argument("--tasks", type=Path, default=Path("workloads/tasks"))
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=1, help="run every task this many times")
+    ap.add_argument("--mode", choices=("text", "native"), default="text")
+    ap.add_argument("--grammar", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--step-limit", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=160, help="per turn; the tiny tokenizer is ~1 token/char")
+    ap.add_argument("--command-timeout-s", type=int, default=30)
+    ap.add_argument("--model-name", default="tiny", help="the name sent to the OpenAI API")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    tasks = load_tasks(args.tasks)
+    runs = []
+    if args.url:
+        runs.append(run_fleet(args.url.rstrip("/"), tasks, args, "server"))
+    else:
+        flags = ["--enable-metrics", "--enable-cache-report", *args.server_args.split()]
+        if args.mode == "native" and "--tool-call-parser" not in flags:
+            flags += ["--tool-call-parser", "qwen25"]
+        for policy in args.policies.split(","):
+            log = None
+            if args.out is not None:
+                args.out.mkdir(parents=True, exist_ok=True)
+                log = args.out / f"server-{policy}.log"
+            with SGLangServer(args.model, ["--schedule-policy", policy, *flags], log_path=log) as server:
+                runs.append(run_fleet(server.url, tasks, args, policy))
+    if args.out is not None:
+        write_report(args.out, runs, args)
+        print(f"report: {args.out / 'report.md'}")
+    for run in runs:
+        s = run["summary"]
+        print(
+            f"{run['label']}: {s['ended']}/{s['tasks']} tasks ended, mean JCT {s['mean_jct_s']:.1f} s, "
+            f"later-turn cached fraction {s['later_turn_cached_fraction']:.3f}, pins left {s['pins_left_at_end']:.0f}"
+        )
+    ok = all(r["summary"]["ended"] == r["summary"]["tasks"] for r in runs)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
