@@ -185,13 +185,17 @@ class ContinuumRadixCache(UnifiedRadixCache):
             self.saver.submit(self.controller.snapshot())
         return freed
 
-    def publish_metrics(self, waiting_queue) -> None:
-        """Refresh the Prometheus series (only values that changed are written). The two
-        gauges that scan the waiting queue are recomputed at most every ``METRICS_INTERVAL_S``."""
+    def publish_metrics(self, waiting_queue, *, now_too: bool = False) -> None:
+        """Refresh the Prometheus series (only values that changed are written): at most every
+        ``METRICS_INTERVAL_S`` while serving, so a decode step pays nothing for them, and at
+        every call with ``now_too`` (the idle loop: /metrics is current whenever the engine rests)."""
         if self.metrics is None:
             return
         now = self.step_clock()
-        if now >= self._next_metrics:
+        due = now >= self._next_metrics
+        if not (due or now_too):
+            return
+        if due:
             self._next_metrics = now + METRICS_INTERVAL_S
             tags = [tag for tag in map(get_tag, waiting_queue) if tag is not None]
             self._oldest_wait = now - min(tag.arrival for tag in tags) if tags else 0.0

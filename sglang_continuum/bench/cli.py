@@ -83,6 +83,29 @@ def pressure_pool_tokens(programs, hold_programs: float) -> int:
     return int(max(biggest + 256, hold_programs * sum(ctx) / len(ctx)))
 
 
+def pool_regime(programs, pool: int) -> str:
+    """How the pool compares with the workload, in words for the report."""
+    ctx = [p.context_tokens for p in programs]
+    held = pool / (sum(ctx) / len(ctx))
+    if pool >= sum(ctx):
+        return f"~{held:.1f} average program contexts: holds every program at once, no memory pressure"
+    return (
+        f"~{held:.1f} average program contexts, all {len(ctx)} need {sum(ctx)}: memory pressure, the regime "
+        "where keeping a program's KV between turns matters"
+    )
+
+
+def context_length(model: Optional[str], pool: int) -> int:
+    """The pool size, capped at the model's own limit: SGLang refuses a longer ``--context-length``
+    (a pool that holds every program is larger than the tiny model's 32k positions)."""
+    config = Path(model or "") / "config.json"
+    if model and config.is_file():
+        limit = json.loads(config.read_text()).get("max_position_embeddings")
+        if isinstance(limit, int) and limit > 0:
+            return min(pool, limit)
+    return pool
+
+
 def parse_policy(name: str, *, cpu: bool = True) -> tuple[list[str], dict[str, str]]:
     base, _, extra = name.partition("+")
     if base not in POLICIES:
@@ -139,7 +162,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "--max-total-tokens",
         str(pool),
         "--context-length",
-        str(pool),
+        str(context_length(args.model, pool)),
         "--enable-metrics",
         "--enable-cache-report",
         *shlex.split(args.server_args),
@@ -148,7 +171,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     total_turns = sum(len(p.turns) for p in programs)
     print(
         f"workload {args.workload}: {len(programs)} programs, {total_turns} turns; KV pool {pool} tokens "
-        f"(~{args.pool_programs:g} average program contexts: memory pressure)"
+        f"({pool_regime(programs, pool)})"
     )
 
     seeds = [int(x) for x in args.seeds.split(",") if x.strip()] or [args.seed]
@@ -239,8 +262,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "",
         f"{len(programs)} programs, {total_turns} turns, seeds {', '.join(map(str, seeds))}"
         f"{f' x {args.repeat} repeats' if args.repeat > 1 else ''}, policies interleaved. KV pool {pool} tokens "
-        f"(sized to hold ~{args.pool_programs:g} average program contexts, so the workload runs under memory "
-        "pressure: the regime where keeping a program's KV between turns matters). Server on cores "
+        f"({pool_regime(programs, pool)}). Server on cores "
         f"{sorted(server_cpus) if server_cpus else 'all'} (its threads' affinity, observed: {observed}), replay "
         f"client on {sorted(client_cpus) if client_cpus else 'all'}.",
         "",

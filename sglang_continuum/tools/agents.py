@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import statistics
 import sys
@@ -188,7 +189,7 @@ def run_task(task: AgentTask, url: str, program_id: str, args, workdir: Path) ->
         "api_base": url + "/v1",
         "api_key": "none",
         "max_tokens": args.max_tokens,
-        "temperature": 1.0,
+        "temperature": args.temperature,
     }
     if args.grammar:
         model_kwargs["extra_body"] = {"ebnf": command_grammar(task.commands, args.mode, submit=task.submit)}
@@ -309,21 +310,25 @@ def run_fleet(url: str, tasks: list[AgentTask], args, label: str) -> dict:
     return {"label": label, "url": url, "summary": summary, "tasks": [asdict(r) for r in results]}
 
 
-def write_report(out: Path, runs: list[dict], args) -> None:
+def write_report(out: Path, runs: list[dict], args, command: str = "") -> None:
     out.mkdir(parents=True, exist_ok=True)
     report = {
         "tool": "continuum-agents",
+        "command": command,
         "mode": args.mode,
         "grammar": args.grammar,
         "concurrency": args.concurrency,
         "step_limit": args.step_limit,
+        "temperature": args.temperature,
         "runs": runs,
     }
     (out / "report.json").write_text(json.dumps(report, indent=2))
     lines = [
         "# continuum-agents",
         "",
-        f"mini-swe-agent 2.4.6 ({args.mode} mode{', grammar-forced commands' if args.grammar else ''}), "
+        *([f"Command: `{command}`", ""] if command else []),
+        f"mini-swe-agent 2.4.6 ({args.mode} mode{', grammar-forced commands' if args.grammar else ''}, "
+        f"temperature {args.temperature:g}), "
         f"concurrency {args.concurrency}, step limit {args.step_limit}.",
         "",
         "| run | tasks ended | mean JCT (s) | max JCT (s) | makespan (s) | mean steps | cached fraction, later turns | tool calls | mean tool time (s) | pins left |",
@@ -364,6 +369,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="run every task this many times")
     ap.add_argument("--mode", choices=("text", "native"), default="text")
     ap.add_argument("--grammar", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="0 (greedy): every policy sees the same commands, so JCTs compare; the random model "
+        "still varies its command with the history",
+    )
     ap.add_argument("--step-limit", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=160, help="per turn; the tiny tokenizer is ~1 token/char")
     ap.add_argument("--command-timeout-s", type=int, default=30)
@@ -386,7 +398,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             with SGLangServer(args.model, ["--schedule-policy", policy, *flags], log_path=log) as server:
                 runs.append(run_fleet(server.url, tasks, args, policy))
     if args.out is not None:
-        write_report(args.out, runs, args)
+        command = "continuum-agents " + shlex.join(argv if argv is not None else sys.argv[1:])
+        write_report(args.out, runs, args, command)
         print(f"report: {args.out / 'report.md'}")
     for run in runs:
         s = run["summary"]

@@ -5,13 +5,21 @@ Measures, on this machine:
    (ContinuumSchedulePolicy vs SGLang's stock FCFS policy on the same queue and the same real
    cache): in a step where nothing changed the order (the common case), after an arrival, after
    a pin change of a program with turns waiting, after both, and a full sort for reference --
-   the added cost per step is ours minus stock; the incremental order is then checked against
-   a fresh sort;
+   the added cost per step is ours minus stock (the change itself runs untimed before the step;
+   the enqueue hook per arrival and a pin release are timed apart, as per-event costs); the
+   incremental order is then checked against a fresh sort;
 2. the controller's per-step work with 100 ... 100,000 live pins (nothing due, and 1% due);
 3. one TTL decision of the cost model with 100, 10,000 and 100,000 samples;
 4. the out-of-vocabulary check on a request's token ids (1k ... 128k tokens).
 
     continuum-overhead --model .models/tiny-llama --out docs/results/overhead-cpu.json
+
+With ``--decode``, instead: what the whole plugin costs a decode-bound server, end to end. Live
+fcfs and continuum servers in turn (interleaved, a fresh server each round), each serving rounds
+of concurrent long decodes that carry program ids (so continuum pins between them); the wall time
+per batch of requests is compared.
+
+    continuum-overhead --decode --model .models/tiny-llama --out docs/results/decode-ab-cpu.json
 """
 
 from __future__ import annotations
@@ -29,9 +37,12 @@ from pathlib import Path
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 
 
-def timeit(fn, repeat: int) -> dict:
+def timeit(fn, repeat: int, setup=None) -> dict:
+    """Median and P90 of ``fn``; ``setup`` runs untimed before each call (the change under test)."""
     xs = []
     for _ in range(repeat):
+        if setup is not None:
+            setup()
         t0 = time.perf_counter()
         fn()
         xs.append(time.perf_counter() - t0)
@@ -96,26 +107,25 @@ def bench_calc_priority(model_path: str, waiting: int, pins: int) -> dict:
         cache.tag_request(req)
         ours.requeued(req)
 
-    def after_arrival():
-        arrive()
-        ours.calc_priority(queue)
-
-    out["continuum_after_arrival"] = timeit(after_arrival, 50)
+    # Each change runs untimed, then one step is timed: the step's ordering cost is what the policy
+    # adds per step. The changes themselves are per event (the enqueue hook per arrival, the
+    # release per pin) and are timed on their own below.
+    step = lambda: ours.calc_priority(queue)  # noqa: E731
+    out["continuum_after_arrival"] = timeit(step, 50, setup=arrive)
     # pins of programs that have turns waiting: each change moves that program's requests
     victims = iter([pin.program_id for pin in cache.controller.pins if pin.program_id in set(programs)])
+    release = lambda: cache.end_program(next(victims))  # noqa: E731
+    out["continuum_after_pin_change"] = timeit(step, 25, setup=release)
 
-    def after_pin_change():
-        cache.end_program(next(victims))
-        ours.calc_priority(queue)
-
-    out["continuum_after_pin_change"] = timeit(after_pin_change, 25)
-
-    def busy_step():  # an arrival and a pin change in the same step
+    def arrival_and_release():  # an arrival and a pin change in the same step
         arrive()
-        cache.end_program(next(victims))
-        ours.calc_priority(queue)
+        release()
 
-    out["continuum_arrival_and_pin_change"] = timeit(busy_step, 20)
+    out["continuum_arrival_and_pin_change"] = timeit(step, 20, setup=arrival_and_release)
+    out["event_arrival_hook"] = timeit(arrive, 50)  # Req construction + tag_request + requeued
+    idle = iter([pin.program_id for pin in cache.controller.pins if pin.program_id.startswith("idle")])
+    # a release on its own (end_program: unlock, counters, statistics), of programs out on tools
+    out["event_pin_release"] = timeit(lambda: cache.end_program(next(idle)), 25)
 
     def full_sort():
         ours.mark_stale()
@@ -232,6 +242,48 @@ def bench_ttl_decision(sizes=(100, 10_000, 100_000)) -> list[dict]:
     return rows
 
 
+def bench_decode(model_path: str, servers: int, batches: int, requests: int, new_tokens: int) -> dict:
+    import concurrent.futures
+
+    import httpx
+
+    from sglang_continuum.tools.server import SGLangServer
+
+    def one_batch(url: str, tokens: int) -> float:
+        def one(i: int) -> None:
+            body = {
+                "input_ids": list(range(10, 210)),
+                "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True, "temperature": 0},
+                "custom_params": {"program_id": f"p{i}", "last_step": False},
+            }
+            httpx.post(url + "/generate", json=body, timeout=600).raise_for_status()
+
+        t0 = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(requests) as pool:
+            list(pool.map(one, range(requests)))
+        return time.perf_counter() - t0
+
+    order = [("fcfs", "continuum"), ("continuum", "fcfs")]
+    walls: dict[str, list[float]] = {"fcfs": [], "continuum": []}
+    for r in range(servers):
+        for policy in order[r % 2]:  # interleaved, alternating who goes first
+            with SGLangServer(model_path, ["--schedule-policy", policy, "--enable-metrics"]) as srv:
+                one_batch(srv.url, 50)  # warm-up
+                walls[policy] += [one_batch(srv.url, new_tokens) for _ in range(batches)]
+    summary = {
+        p: {"mean_s": statistics.mean(xs), "median_s": statistics.median(xs), "min_s": min(xs), "max_s": max(xs)}
+        for p, xs in walls.items()
+    }
+    return {
+        "requests_per_batch": requests,
+        "new_tokens": new_tokens,
+        "prompt_tokens": 200,
+        "walls_s": walls,
+        "summary": summary,
+        "continuum_over_fcfs_median": summary["continuum"]["median_s"] / summary["fcfs"]["median_s"],
+    }
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -240,9 +292,24 @@ def main(argv=None) -> int:
     ap.add_argument("--waiting", type=int, default=1000)
     ap.add_argument("--pins", type=int, default=10_000)
     ap.add_argument("--out", type=Path, default=Path("docs/results/overhead-cpu.json"))
+    ap.add_argument("--decode", action="store_true", help="only the end-to-end decode A/B on live servers")
+    ap.add_argument("--servers", type=int, default=4, help="--decode: server pairs (fcfs + continuum)")
     args = ap.parse_args(argv)
+    machine = {"cpu_count": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
+    if args.decode:
+        report = {"machine": machine, "decode": bench_decode(args.model, args.servers, 4, 4, 400)}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2))
+        d = report["decode"]
+        for policy, row in d["summary"].items():
+            print(
+                f"{policy:>9}: {d['requests_per_batch']} x {d['new_tokens']} tokens per batch, "
+                f"median {row['median_s']:.2f} s, mean {row['mean_s']:.2f} s, range {row['min_s']:.2f}-{row['max_s']:.2f} s"
+            )
+        print(f"continuum / fcfs (median): {d['continuum_over_fcfs_median']:.3f}; report: {args.out}")
+        return 0
     report = {
-        "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "machine": machine,
         "ttl_decision": bench_ttl_decision(),
         "expiry": bench_expiry(),
         "vocab_check": bench_vocab_check(),
@@ -277,7 +344,9 @@ def main(argv=None) -> int:
         f"{cp['added_us_after_arrival'] / 1000:.3f} ms after an arrival, "
         f"{cp['added_us_after_pin_change'] / 1000:.3f} ms after a pin change, "
         f"{cp['added_us_arrival_and_pin_change'] / 1000:.3f} ms after both "
-        f"(a full sort: {cp['continuum_full_sort']['median_us'] / 1000:.3f} ms)"
+        f"(a full sort: {cp['continuum_full_sort']['median_us'] / 1000:.3f} ms); per event, not per step: "
+        f"an arrival's enqueue hook {cp['event_arrival_hook']['median_us'] / 1000:.3f} ms (with SGLang's Req), "
+        f"a pin release {cp['event_pin_release']['median_us'] / 1000:.3f} ms"
     )
     print(f"report: {args.out}")
     return 0

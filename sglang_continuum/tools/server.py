@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
@@ -14,6 +15,16 @@ from typing import Mapping, Optional, Sequence
 import httpx
 
 CPU_FLAGS = ("--device", "cpu", "--attention-backend", "torch_native", "--skip-server-warmup")
+
+
+PORT_ATTEMPTS = 3
+
+
+class PortTaken(RuntimeError):
+    """The launcher exited because its HTTP port was bound by someone else first."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(f"port {port} was taken before the server could bind it")
 
 
 def free_port() -> int:
@@ -38,6 +49,7 @@ class SGLangServer:
         cpus: Optional[set[int]] = None,
     ) -> None:
         self.port = port or free_port()
+        self.port_chosen_here = port is None  # only a port we chose may be swapped for another
         self.url = f"http://127.0.0.1:{self.port}"
         self.cmd = [
             sys.executable,
@@ -59,24 +71,49 @@ class SGLangServer:
         self.proc: Optional[subprocess.Popen] = None
 
     def start(self) -> "SGLangServer":
-        log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
-        # A new session lets stop() take down the launcher and every scheduler it spawned.
-        pin = (lambda: os.sched_setaffinity(0, self.cpus)) if self.cpus else None
-        self.proc = subprocess.Popen(
-            self.cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=pin
-        )
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                return self._start_once()
+            except PortTaken:
+                if not self.port_chosen_here or attempt == PORT_ATTEMPTS:
+                    raise
+                # free_port() only found the port free: something else may bind it in the
+                # seconds before uvicorn does (SGLang's own side ports among them)
+                self.port = free_port()
+                self.url = f"http://127.0.0.1:{self.port}"
+                self.cmd[self.cmd.index("--port") + 1] = str(self.port)
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> "SGLangServer":
+        # with no log_path the log goes to a temp file, kept only when it explains a failure
+        log_path = self.log_path or Path(tempfile.mkstemp(prefix="sglang-server-", suffix=".log")[1])
+        scratch = self.log_path is None
+        with open(log_path, "wb") as log:
+            # A new session lets stop() take down the launcher and every scheduler it spawned.
+            pin = (lambda: os.sched_setaffinity(0, self.cpus)) if self.cpus else None
+            self.proc = subprocess.Popen(
+                self.cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=pin
+            )
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}; see {self.log_path}")
+                if b"address already in use" in log_path.read_bytes()[-20_000:]:
+                    self.stop()
+                    if scratch:
+                        log_path.unlink(missing_ok=True)
+                    raise PortTaken(self.port)
+                raise RuntimeError(f"server exited with {self.proc.returncode}; see {log_path}")
             try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                # and still ours: a /health answer on a port we lost comes from someone else
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200 and self.proc.poll() is None:
+                    if scratch:
+                        log_path.unlink(missing_ok=True)  # the server keeps writing to the open file
                     return self
             except httpx.HTTPError:
                 pass
             time.sleep(1.0)
         self.stop()
-        raise TimeoutError(f"server not healthy after {self.startup_timeout_s}s; see {self.log_path}")
+        raise TimeoutError(f"server not healthy after {self.startup_timeout_s}s; see {log_path}")
 
     def stop(self) -> Optional[int]:
         if self.proc is None:

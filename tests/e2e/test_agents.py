@@ -46,6 +46,7 @@ def test_two_concurrent_agents_hit_their_pins_and_leave_none(agents_server, tmp_
     args = Namespace(
         mode="text",
         grammar=True,
+        temperature=0.0,
         step_limit=3,
         max_tokens=160,
         command_timeout_s=30,

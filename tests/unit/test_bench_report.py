@@ -1,6 +1,8 @@
 """continuum-bench's policy flags and report table (pure)."""
 
-from sglang_continuum.bench.cli import HICACHE_CPU_FLAGS, parse_policy
+import json
+
+from sglang_continuum.bench.cli import HICACHE_CPU_FLAGS, context_length, parse_policy
 from sglang_continuum.bench.report import baseline_of, markdown_table, plots
 from sglang_continuum.bench.seeds import aggregate, collapsed_flags, headline, run_order, seeds_table
 
@@ -154,3 +156,12 @@ def test_plots_pool_seeds_and_draw_the_load_curve_from_medians(tmp_path):
         "jct_cdf.png",
         "turn_latency.png",
     ]
+
+
+def test_context_length_is_capped_at_the_model_limit(tmp_path):
+    """A pool that holds every program is larger than the model's positions: SGLang refuses a
+    --context-length beyond them, so the server of a no-pressure run never started."""
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 32768}))
+    assert context_length(str(tmp_path), 152_100) == 32768
+    assert context_length(str(tmp_path), 11_407) == 11_407
+    assert context_length(None, 152_100) == 152_100  # --url: no server started, nothing to cap
