@@ -293,7 +293,7 @@ def main(argv=None) -> int:
     ap.add_argument("--pins", type=int, default=10_000)
     ap.add_argument("--out", type=Path, default=Path("docs/results/overhead-cpu.json"))
     ap.add_argument("--decode", action="store_true", help="only the end-to-end decode A/B on live servers")
-    ap.add_argument("--servers", type=int, default=4, help="--decode: server pairs (fcfs + continuum)")
+    ap.add_argument("--servers", type=int, default=6, help="--decode: server pairs (fcfs + continuum)")
     args = ap.parse_args(argv)
     machine = {"cpu_count": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
     if args.decode:
