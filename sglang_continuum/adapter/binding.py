@@ -212,7 +212,7 @@ def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
 
     def _on_idle():
         nonlocal next_check
-        cache.publish_metrics(scheduler.waiting_queue, now_too=True)  # the last step's changes reach /metrics
+        cache.publish_metrics(scheduler.waiting_queue, force=True)  # the last step's changes reach /metrics
         if (
             cache.settings.check_integrity
             and cache.step_clock.read_source() >= next_check

@@ -185,15 +185,15 @@ class ContinuumRadixCache(UnifiedRadixCache):
             self.saver.submit(self.controller.snapshot())
         return freed
 
-    def publish_metrics(self, waiting_queue, *, now_too: bool = False) -> None:
+    def publish_metrics(self, waiting_queue, *, force: bool = False) -> None:
         """Refresh the Prometheus series (only values that changed are written): at most every
         ``METRICS_INTERVAL_S`` while serving, so a decode step pays nothing for them, and at
-        every call with ``now_too`` (the idle loop: /metrics is current whenever the engine rests)."""
+        every call with ``force`` (the idle loop: /metrics is current whenever the engine rests)."""
         if self.metrics is None:
             return
         now = self.step_clock()
         due = now >= self._next_metrics
-        if not (due or now_too):
+        if not (due or force):
             return
         if due:
             self._next_metrics = now + METRICS_INTERVAL_S

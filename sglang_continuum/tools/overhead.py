@@ -242,6 +242,9 @@ def bench_ttl_decision(sizes=(100, 10_000, 100_000)) -> list[dict]:
     return rows
 
 
+DECODE_PROMPT = list(range(10, 210))  # the same 200-token prompt for every request and policy
+
+
 def bench_decode(model_path: str, servers: int, batches: int, requests: int, new_tokens: int) -> dict:
     import concurrent.futures
 
@@ -252,7 +255,7 @@ def bench_decode(model_path: str, servers: int, batches: int, requests: int, new
     def one_batch(url: str, tokens: int) -> float:
         def one(i: int) -> None:
             body = {
-                "input_ids": list(range(10, 210)),
+                "input_ids": DECODE_PROMPT,
                 "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True, "temperature": 0},
                 "custom_params": {"program_id": f"p{i}", "last_step": False},
             }
@@ -277,7 +280,7 @@ def bench_decode(model_path: str, servers: int, batches: int, requests: int, new
     return {
         "requests_per_batch": requests,
         "new_tokens": new_tokens,
-        "prompt_tokens": 200,
+        "prompt_tokens": len(DECODE_PROMPT),
         "walls_s": walls,
         "summary": summary,
         "continuum_over_fcfs_median": summary["continuum"]["median_s"] / summary["fcfs"]["median_s"],

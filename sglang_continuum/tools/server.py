@@ -50,7 +50,6 @@ class SGLangServer:
     ) -> None:
         self.port = port or free_port()
         self.port_chosen_here = port is None  # only a port we chose may be swapped for another
-        self.url = f"http://127.0.0.1:{self.port}"
         self.cmd = [
             sys.executable,
             "-m",
@@ -70,24 +69,31 @@ class SGLangServer:
         self.cpus = cpus  # pin the server (and every process it spawns) to these cores
         self.proc: Optional[subprocess.Popen] = None
 
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
     def start(self) -> "SGLangServer":
-        for attempt in range(1, PORT_ATTEMPTS + 1):
+        attempts = PORT_ATTEMPTS if self.port_chosen_here else 1
+        while True:
             try:
                 return self._start_once()
             except PortTaken:
-                if not self.port_chosen_here or attempt == PORT_ATTEMPTS:
+                attempts -= 1
+                if attempts == 0:
                     raise
                 # free_port() only found the port free: something else may bind it in the
                 # seconds before uvicorn does (SGLang's own side ports among them)
                 self.port = free_port()
-                self.url = f"http://127.0.0.1:{self.port}"
                 self.cmd[self.cmd.index("--port") + 1] = str(self.port)
-        raise AssertionError("unreachable")
 
     def _start_once(self) -> "SGLangServer":
         # with no log_path the log goes to a temp file, kept only when it explains a failure
-        log_path = self.log_path or Path(tempfile.mkstemp(prefix="sglang-server-", suffix=".log")[1])
         scratch = self.log_path is None
+        if scratch:
+            fd, name = tempfile.mkstemp(prefix="sglang-server-", suffix=".log")
+            os.close(fd)
+        log_path = Path(name) if scratch else self.log_path
         with open(log_path, "wb") as log:
             # A new session lets stop() take down the launcher and every scheduler it spawned.
             pin = (lambda: os.sched_setaffinity(0, self.cpus)) if self.cpus else None
