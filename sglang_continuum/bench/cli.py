@@ -26,8 +26,11 @@ for agent workloads (all with fcfs scheduling):
   the flag SGLang only tags KV events with ``session_id``: fcfs and lpm serve it unchanged.
 
 Continuum: ``continuum-ref`` (the public reference's fixed 2 s rule), ``continuum-fixed`` (fixed
-TTL), ``continuum`` (the cost model). Any policy with ``+hicache`` adds SGLang's host tier
-(``--enable-hierarchical-cache``) and is compared with ``fcfs+hicache``.
+TTL), ``continuum`` (the cost model), its two ablations ``continuum-order-only`` (program-level
+FCFS, no pins: a zero pin budget) and ``continuum-pins-only`` (pins, requests in arrival order),
+and ``continuum-no-wait-bound`` (the paper's program-level FCFS: no ``max_queue_wait_s`` bound).
+Any policy with ``+hicache`` adds SGLang's host tier (``--enable-hierarchical-cache``) and is
+compared with ``fcfs+hicache``.
 
 ``--seeds 1,2,3,4,5`` (and ``--repeat R``) runs every policy on every seed (the arrival process
 and the replay's tokens), interleaved (``run_order``: policies innermost, so drift over time hits
@@ -37,6 +40,12 @@ collapsed runs (``bench/seeds.py``). On 2+ cores the server runs on all cores bu
 the replay client on the last (``--no-pin-cpus`` turns that off); each run records the cores its
 server's threads were really allowed (``server_cores``).
 ``--url`` replays against an already running server instead (one policy, e.g. vLLM).
+
+``--emulate PROFILE`` runs the same grid without a server: SGLang's real scheduler, radix cache
+and this plugin in virtual time, the forward replaced by the profile's step latencies
+(``sglang_continuum/emulator``). Each run is a fresh process (``--jobs`` at once); the KV pool is
+``--max-total-tokens``, else the one the profile's GPU would hold, else sized for pressure as
+above. Times in such a report are predicted, not measured (``"backend": "emulator"``).
 """
 
 from __future__ import annotations
@@ -52,7 +61,7 @@ from typing import Optional
 
 from tqdm import tqdm
 
-from sglang_continuum.bench.replay import Replayer
+from sglang_continuum.bench.replay import Replayer, ReplayResult
 from sglang_continuum.bench.report import markdown_table, plots, summarize
 from sglang_continuum.bench.seeds import aggregate, collapsed_flags, headline, run_order, seeds_table
 from sglang_continuum.tools.server import SGLangServer
@@ -67,6 +76,11 @@ POLICIES: dict[str, tuple[list[str], dict[str, str]]] = {
     "continuum-ref": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_TTL_MODEL": "reference"}),
     "continuum-fixed": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_TTL_MODEL": "fixed"}),
     "continuum": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_TTL_MODEL": "cost"}),
+    # ablations of the cost-model policy: program-level FCFS without pins, pins in request order
+    "continuum-order-only": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_PIN_BUDGET_FRACTION": "0"}),
+    "continuum-pins-only": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_PROGRAM_ORDER": "false"}),
+    # the paper's program-level FCFS without the starvation bound (max_queue_wait_s = 0)
+    "continuum-no-wait-bound": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_MAX_QUEUE_WAIT_S": "0"}),
 }
 HICACHE_FLAGS = ["--enable-hierarchical-cache"]
 # CPU servers: the direct io backend with the layer-first host layout (the one the CPU shim's
@@ -143,8 +157,18 @@ def main(argv: Optional[list[str]] = None) -> int:
         default=None,
         help="profile for the cost model (default on CPU: configs/profiles/cpu-tiny-llama.json)",
     )
+    ap.add_argument("--emulate", type=Path, metavar="PROFILE", help="emulate a GPU from this step-latency profile")
+    ap.add_argument("--jobs", type=int, default=1, help="emulated runs at once (each is one process)")
+    ap.add_argument(
+        "--reuse-runs", action="store_true", help="emulated runs already in OUT/runs are read, not run again"
+    )
+    ap.add_argument(
+        "--summary-only", action="store_true", help="report.json without per-turn records (large emulated grids)"
+    )
     ap.add_argument("--out", type=Path, default=Path("out/bench"))
     args = ap.parse_args(argv)
+    if args.emulate and args.url:
+        ap.error("--emulate and --url exclude each other")
 
     programs = load_workload(args.workload)
     if args.programs:
@@ -153,9 +177,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if args.url:
         policies = policies[:1]
-    pool = args.max_total_tokens or pressure_pool_tokens(programs, args.pool_programs)
+    latency = None
+    if args.emulate:
+        from sglang_continuum.emulator.step_model import StepLatencyModel
+
+        latency = StepLatencyModel.load(args.emulate)
+    pool = args.max_total_tokens or emulated_pool(latency) or pressure_pool_tokens(programs, args.pool_programs)
     extra_env = dict(kv.split("=", 1) for kv in args.env)
-    profile = args.prefill_profile or (None if args.gpu else CPU_PROFILE)
+    profile = args.prefill_profile or args.emulate or (None if args.gpu else CPU_PROFILE)
     if profile is not None and Path(profile).is_file():
         extra_env.setdefault("SGLANG_CONTINUUM_PREFILL_PROFILE", str(Path(profile).resolve()))
     common = [
@@ -175,10 +204,28 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
 
     seeds = [int(x) for x in args.seeds.split(",") if x.strip()] or [args.seed]
-    server_cpus, client_cpus = cpu_split(not args.no_pin_cpus)
+    server_cpus, client_cpus = cpu_split(not args.no_pin_cpus and not args.emulate)
     runs = []
     started = time.time()
-    for repeat, seed, jps, policy in run_order(policies, seeds, jps_list, args.repeat):
+    grid = list(run_order(policies, seeds, jps_list, args.repeat))
+    emulated = iter(())
+    if args.emulate:
+        print(
+            f"emulating {latency.name} ({args.emulate}): SGLang's scheduler in virtual time, {args.jobs} run(s) at once"
+        )
+        emulated = _emulated_runs(grid, args, pool, extra_env)
+    for repeat, seed, jps, policy in grid:
+        desc = f"{policy} @ {jps:g} jps, seed {seed}"
+        if args.emulate:
+            run = next(emulated)
+            result = ReplayResult.from_dict(run["replay"], "", run["metrics_after"])
+            summary = summarize(result)
+            runs.append(
+                {"policy": policy, "jps": jps, "seed": seed, "repeat": repeat, "server_cores": None, "summary": summary}
+                | {"emulator": run["emulator"], "replay": run["replay"]}
+            )
+            _print_run(desc, summary)
+            continue
         replayer = Replayer(
             args.url or "",
             api=args.api,
@@ -186,7 +233,6 @@ def main(argv: Optional[list[str]] = None) -> int:
             seed=seed,
             close_sessions=policy.partition("+")[0] == "session",
         )
-        desc = f"{policy} @ {jps:g} jps, seed {seed}"
         server_cores = None
         if args.url:
             result = _run(replayer, programs, jps, desc, total_turns, client_cpus)
@@ -220,11 +266,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 "replay": result.to_dict(),
             }
         )
-        print(
-            f"  {desc}: mean JCT {summary['jct_mean_s']:.2f}s, P95 {summary['jct_p95_s']:.2f}s, "
-            f"cache hit {summary['cache_hit_ratio']:.1%}, max wait {summary['max_request_wait_s']:.2f}s, "
-            f"failed requests {summary['failed_requests']}"
-        )
+        _print_run(desc, summary)
 
     for run, collapsed in zip(runs, collapsed_flags(runs)):
         run["collapsed"] = collapsed
@@ -236,6 +278,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     command = "continuum-bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     report = {
         "command": command,
+        "backend": "emulator" if args.emulate else "server",
+        **({"profile": latency.name, "profile_path": str(args.emulate)} if args.emulate else {}),
         "workload": str(args.workload),
         "programs": len(programs),
         "seeds": seeds,
@@ -252,6 +296,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         "rows": rows,
         "runs": runs,
     }
+    if args.summary_only:
+        report["runs"] = [{k: v for k, v in r.items() if k != "replay"} for r in runs]
     (args.out / "report.json").write_text(json.dumps(report, indent=1))
     pngs = plots(runs, args.out)
     observed = sorted(set().union(*(r["server_cores"] or [] for r in runs))) or "-"
@@ -262,9 +308,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         "",
         f"{len(programs)} programs, {total_turns} turns, seeds {', '.join(map(str, seeds))}"
         f"{f' x {args.repeat} repeats' if args.repeat > 1 else ''}, policies interleaved. KV pool {pool} tokens "
-        f"({pool_regime(programs, pool)}). Server on cores "
-        f"{sorted(server_cpus) if server_cpus else 'all'} (its threads' affinity, observed: {observed}), replay "
-        f"client on {sorted(client_cpus) if client_cpus else 'all'}.",
+        f"({pool_regime(programs, pool)}). "
+        + (
+            f"**Emulated** (`--emulate {args.emulate}`): SGLang 0.5.23's scheduler, radix cache and the plugin "
+            f"in virtual time, each forward timed by the profile {latency.name!r}; every time below is predicted, "
+            "not measured."
+            if args.emulate
+            else f"Server on cores {sorted(server_cpus) if server_cpus else 'all'} (its threads' affinity, observed: "
+            f"{observed}), replay client on {sorted(client_cpus) if client_cpus else 'all'}."
+        ),
         "",
         *([head, ""] if head else []),
         "## Across seeds",
@@ -293,6 +345,57 @@ def main(argv: Optional[list[str]] = None) -> int:
         print("\n" + head)
     print(f"\nreport: {args.out / 'report.md'} ({time.time() - started:.0f}s)")
     return 0 if all(r["failed_requests"] == 0 for r in rows) else 1
+
+
+def _print_run(desc: str, summary: dict) -> None:
+    print(
+        f"  {desc}: mean JCT {summary['jct_mean_s']:.2f}s, P95 {summary['jct_p95_s']:.2f}s, "
+        f"cache hit {summary['cache_hit_ratio']:.1%}, max wait {summary['max_request_wait_s']:.2f}s, "
+        f"failed requests {summary['failed_requests']}",
+        flush=True,
+    )
+
+
+def emulated_pool(latency) -> int:
+    """The KV pool the profile's GPU would hold (0: the profile does not say)."""
+    if latency is None:
+        return 0
+    try:
+        return latency.kv_pool_tokens()
+    except ValueError:
+        return 0
+
+
+def _emulated_runs(grid, args, pool: int, extra_env: dict):
+    """Each grid cell in its own ``emulator.run`` process, ``--jobs`` at a time; yields the runs in
+    grid order."""
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(cell) -> dict:
+        repeat, seed, jps, policy = cell
+        out = args.out / "runs" / f"{policy}-{jps:g}-s{seed}-r{repeat}.json"
+        cmd = [
+            sys.executable, "-m", "sglang_continuum.emulator.run",
+            "--workload", str(args.workload), "--policy", policy, "--profile", str(args.emulate),
+            "--jps", str(jps), "--seed", str(seed), "--max-total-tokens", str(pool),
+            "--programs", str(args.programs), "--vocab", str(min(args.vocab, 1000)),
+            "--server-args", args.server_args, "--out", str(out),
+            *(f"--env={k}={v}" for k, v in extra_env.items()),
+        ]  # fmt: skip
+        if args.reuse_runs and out.is_file():
+            return json.loads(out.read_text())
+        log = out.with_suffix(".log")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("w") as f:
+            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
+        if rc != 0:
+            tail = log.read_text()[-2000:]
+            raise RuntimeError(f"emulated run {policy} seed {seed} @ {jps:g} failed (rc {rc}); log {log}:\n{tail}")
+        return json.loads(out.read_text())
+
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool_:
+        yield from pool_.map(one, grid)
 
 
 def tlru_config(programs) -> dict:

@@ -86,6 +86,19 @@ class ReplayResult:
             ],
         }
 
+    @classmethod
+    def from_dict(cls, data: dict, metrics_before: str = "", metrics_after: str = "") -> "ReplayResult":
+        turn_fields = set(TurnRecord.__dataclass_fields__)
+        program_fields = set(ProgramRecord.__dataclass_fields__) - {"turns"}
+        programs = [
+            ProgramRecord(
+                **{k: v for k, v in p.items() if k in program_fields},
+                turns=[TurnRecord(**{k: v for k, v in t.items() if k in turn_fields}) for t in p["turns"]],
+            )
+            for p in data["programs"]
+        ]
+        return cls(programs, data["wall_s"], metrics_before, metrics_after)
+
 
 def arrival_times(n: int, jps: float, seed: int) -> list[float]:
     rng = random.Random(seed)
@@ -96,9 +109,13 @@ def arrival_times(n: int, jps: float, seed: int) -> list[float]:
     return out
 
 
+def program_seed(seed: int, program_id: str) -> int:
+    """A program's own token seed: stable across runs and policies, different per program."""
+    return int.from_bytes(hashlib.blake2b(f"{seed}:{program_id}".encode(), digest_size=8).digest(), "little")
+
+
 def _program_rng(seed: int, program_id: str) -> random.Random:
-    h = hashlib.blake2b(f"{seed}:{program_id}".encode(), digest_size=8).digest()
-    return random.Random(int.from_bytes(h, "little"))
+    return random.Random(program_seed(seed, program_id))
 
 
 class Replayer:

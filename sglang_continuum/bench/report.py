@@ -144,20 +144,31 @@ def plots(runs: list[dict], out_dir: Path) -> list[Path]:
     ax.legend()
     paths.append(_save(fig, out_dir / "jct_cdf.png"))
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for policy, group in at_focus.items():
-        by_turn: dict[int, list[float]] = {}
-        for r in group:
-            for p in r["replay"]["programs"]:
-                for t in p["turns"]:
-                    if t["error"] is None and t["finish"] is not None:
-                        by_turn.setdefault(t["turn"], []).append(t["finish"] - t["send"])
-        idx = sorted(by_turn)
-        ax.plot(idx, [np.mean(by_turn[i]) for i in idx], marker="o", ms=3, label=policy)
-    ax.set(xlabel="turn index", ylabel="mean turn latency (s)", title=f"Per-turn latency at {focus:g} jobs/s")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    paths.append(_save(fig, out_dir / "turn_latency.png"))
+    def latency(t: dict):
+        return t["finish"] - t["send"] if t["finish"] is not None else None
+
+    def wait(t: dict):
+        return t["queue_time_s"] if t.get("queue_time_s") is not None else t.get("ttft")
+
+    for value, ylabel, title, name in (
+        (latency, "mean turn latency (s)", "Per-turn latency", "turn_latency.png"),
+        (wait, "mean queueing delay (s)", "Queueing delay per turn", "turn_queue.png"),
+    ):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for policy, group in at_focus.items():
+            by_turn: dict[int, list[float]] = {}
+            for r in group:
+                for p in r["replay"]["programs"]:
+                    for t in p["turns"]:
+                        v = value(t) if t["error"] is None else None
+                        if v is not None:
+                            by_turn.setdefault(t["turn"], []).append(v)
+            idx = sorted(by_turn)
+            ax.plot(idx, [np.mean(by_turn[i]) for i in idx], marker="o", ms=3, label=policy)
+        ax.set(xlabel="turn index", ylabel=ylabel, title=f"{title} at {focus:g} jobs/s")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        paths.append(_save(fig, out_dir / name))
 
     if len(jps_values) > 1:
         fig, ax = plt.subplots(figsize=(6, 4))

@@ -317,6 +317,7 @@ class ContinuumController:
             pinned=pid is not None and pid in self.pins,
             program_rank=tag.program_rank,
             request_rank=tag.request_rank,
+            program_order=self.settings.program_order,
         )
 
     def is_overdue(self, tag: TurnTag, now: float) -> bool:

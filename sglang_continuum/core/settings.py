@@ -59,6 +59,9 @@ class ContinuumSettings(BaseModel):
     max_queue_wait_s: float = Field(
         3.0, ge=0, description="a request waiting this long goes first (oldest first); 0 = no bound"
     )
+    program_order: bool = Field(
+        True, description="program-level FCFS (False: request arrival order; the pins-only ablation)"
+    )
     admission_control: bool = Field(
         True, description="a new program's first turn waits while the working sets of programs in flight fill the pool"
     )

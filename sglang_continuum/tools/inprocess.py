@@ -1,4 +1,4 @@
-"""SGLang's real ``Scheduler`` built and stepped in this process (tier-2 tests).
+"""SGLang's real ``Scheduler`` built and stepped in this process (tier-2 tests, the emulator).
 
 Builds the scheduler exactly as ``run_scheduler_process`` does (plugins loaded, server args
 resolved and published), then drives its loop by hand: ``get_next_batch_to_run`` ->
@@ -12,18 +12,31 @@ from __future__ import annotations
 import os
 import uuid
 from array import array
-from typing import Optional
+from typing import Optional, Sequence
 
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 
 
-def build_scheduler(model_path: str, *, schedule_policy: str = "continuum", max_total_tokens: int = 2048, **kw):
+def construct_scheduler(server_args):
+    """``Scheduler(server_args, ...)`` as ``run_scheduler_process`` builds it (plugins first)."""
     from sglang.srt.plugins import load_plugins
 
     load_plugins()
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.runtime_context import SpawnRanks, publish
-    from sglang.srt.server_args import PortArgs, ServerArgs
+    from sglang.srt.server_args import PortArgs
+
+    server_args.resolve_once()
+    port_args = PortArgs.init_new(server_args)
+    publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
+    return Scheduler(server_args, port_args)
+
+
+def build_scheduler(model_path: str, *, schedule_policy: str = "continuum", max_total_tokens: int = 2048, **kw):
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()  # before ServerArgs: the plugin adds its schedule policy
+    from sglang.srt.server_args import ServerArgs
 
     args = ServerArgs(
         model_path=model_path,
@@ -37,10 +50,54 @@ def build_scheduler(model_path: str, *, schedule_policy: str = "continuum", max_
         log_level="warning",
         **kw,
     )
-    args.resolve_once()
-    port_args = PortArgs.init_new(args)
-    publish(args, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
-    return Scheduler(args, port_args)
+    return construct_scheduler(args)
+
+
+def submit_request(
+    scheduler,
+    rid: str,
+    input_ids: Sequence[int],
+    *,
+    max_new_tokens: int,
+    custom_params: Optional[dict] = None,
+    session_id: Optional[str] = None,
+):
+    """Hand a request to the scheduler as the tokenizer manager would; return its queued ``Req``
+    (None if the scheduler did not queue it)."""
+    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    sp = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True, custom_params=custom_params)
+    sp.normalize(None)
+    sp.verify(scheduler.model_config.vocab_size)
+    scheduler.handle_generate_request(
+        TokenizedGenerateReqInput(
+            rid=rid,
+            input_text=None,
+            input_ids=array("q", input_ids),
+            input_embeds=None,
+            mm_inputs=None,
+            token_type_ids=None,
+            sampling_params=sp,
+            return_logprob=False,
+            logprob_start_len=-1,
+            top_logprobs_num=0,
+            token_ids_logprob=None,
+            stream=False,
+            session_id=session_id,
+        )
+    )
+    for req in reversed(scheduler.waiting_queue):
+        if req.rid == rid:
+            return req
+    return None
+
+
+def select_batch(scheduler):
+    """The scheduler's next batch (None: nothing to run), its running batch updated."""
+    plan = scheduler.get_next_batch_to_run(running_batch=scheduler.running_batch, last_batch=scheduler.last_batch)
+    scheduler.running_batch = plan.running_batch
+    return plan.batch_to_run
 
 
 class SchedulerDriver:
@@ -58,40 +115,17 @@ class SchedulerDriver:
         session_id: Optional[str] = None,
         rid: Optional[str] = None,
     ) -> str:
-        from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
-        from sglang.srt.sampling.sampling_params import SamplingParams
-
         rid = rid or uuid.uuid4().hex
-        sp = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True, custom_params=custom_params)
-        sp.normalize(None)
-        sp.verify(self.s.model_config.vocab_size)
-        self.s.handle_generate_request(
-            TokenizedGenerateReqInput(
-                rid=rid,
-                input_text=None,
-                input_ids=array("q", input_ids),
-                input_embeds=None,
-                mm_inputs=None,
-                token_type_ids=None,
-                sampling_params=sp,
-                return_logprob=False,
-                logprob_start_len=-1,
-                top_logprobs_num=0,
-                token_ids_logprob=None,
-                stream=False,
-                session_id=session_id,
-            )
+        req = submit_request(
+            self.s, rid, input_ids, max_new_tokens=max_new_tokens, custom_params=custom_params, session_id=session_id
         )
-        for req in self.s.waiting_queue:
-            if req.rid == rid:
-                self.reqs[rid] = req
+        if req is not None:
+            self.reqs[rid] = req
         return rid
 
     def step(self) -> bool:
         s = self.s
-        plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
-        s.running_batch = plan.running_batch
-        batch = plan.batch_to_run
+        batch = select_batch(s)
         if batch is not None:
             if batch.forward_mode.is_extend():
                 self.admitted.extend(r.rid for r in batch.reqs if r.rid not in self.admitted)

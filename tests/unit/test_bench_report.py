@@ -143,18 +143,27 @@ def test_stock_policies_are_real_sglang_flags():
 
 def test_plots_pool_seeds_and_draw_the_load_curve_from_medians(tmp_path):
     def replayed(policy, seed, jps, jct):
-        turns = [{"turn": i, "error": None, "send": i * jct / 2, "finish": (i + 1) * jct / 2} for i in range(2)]
+        turns = [
+            {"turn": i, "error": None, "send": i * jct / 2, "finish": (i + 1) * jct / 2, "queue_time_s": 0.1 * i}
+            for i in range(2)
+        ]
         r = run(policy, seed, jct)
         return {**r, "jps": jps, "replay": {"programs": [{"ok": True, "jct": jct, "turns": turns}]}}
 
     runs = [
         replayed(p, s, j, jct) for j in (1.0, 2.0) for s in (1, 2) for p, jct in (("fcfs", 4.0), ("continuum", 2.0))
     ]
-    assert [p.name for p in plots(runs, tmp_path)] == ["jct_cdf.png", "turn_latency.png", "jct_vs_jps.png"]
+    assert [p.name for p in plots(runs, tmp_path)] == [
+        "jct_cdf.png",
+        "turn_latency.png",
+        "turn_queue.png",
+        "jct_vs_jps.png",
+    ]
     assert all(p.stat().st_size > 1000 for p in tmp_path.iterdir())
     assert [p.name for p in plots([r for r in runs if r["jps"] == 2.0], tmp_path / "one")] == [
         "jct_cdf.png",
         "turn_latency.png",
+        "turn_queue.png",
     ]
 
 

@@ -170,6 +170,19 @@ def test_waiting_past_the_bound_goes_first_oldest_first():
     assert c.is_overdue(late, clock()) and not c.is_overdue(early, 0.0)
 
 
+def test_pins_only_ablation_orders_by_request_arrival_alone():
+    c, clock = make(program_order=False)
+    first = c.turn_arrived(turn("first"))
+    c.turn_finished(turn("first"), context_tokens=10, handle="h")  # first's next turn is pinned
+    newcomer = c.turn_arrived(turn("newcomer"))
+    again = c.turn_arrived(turn("first"))
+    assert c.pins.get("first") is not None
+    order = sorted([again, newcomer], key=lambda t: c.priority_key(t, False, clock()))
+    assert order == [newcomer, again]  # with program order on, the pinned turn would go first
+    assert c.priority_key(again, True, clock()) < c.priority_key(newcomer, False, clock())  # retracted still first
+    assert first.request_rank < newcomer.request_rank
+
+
 def test_settings_from_env_and_file(tmp_path):
     f = tmp_path / "c.toml"
     f.write_text('ttl_model = "reference"\nmax_ttl_s = 9.0\n')

@@ -1,0 +1,193 @@
+"""Every touch of SGLang internals the emulator makes, in one place.
+
+The emulator runs SGLang 0.5.23's real ``Scheduler`` in this process: its waiting queue, policies
+(stock and this plugin's), ``PrefillAdder`` admission, chunked prefill, retraction, the
+``UnifiedRadixCache`` and the token allocator all run unchanged. Two things are replaced:
+
+* **The model.** The scheduler serves an *accounting model*: a one-layer, one-KV-head Llama
+  config (written to a temp dir, ``--load-format dummy``, no tokenizer) whose KV pool has exactly
+  the requested number of token slots but 64 bytes per token, so the pool's *token accounting*
+  is real while its tensors are tiny.
+* **The forward.** ``model_worker.forward_batch_generation`` (the one call between the scheduler
+  and the model) is swapped, on this scheduler instance only, for a function that computes
+  nothing and returns one sampled token per request (:data:`OUTPUT_TOKEN`). What the step would
+  have cost on the profiled GPU is read off the batch by :func:`describe_batch`.
+
+Building, submitting and selecting batches are the in-process harness the tier-2 tests use
+(``tools/inprocess.py``). The serving code (``sglang_continuum.adapter``) does not know this
+module exists: it sees a scheduler, and the clock :func:`sglang_continuum.core.clock.use_clock`
+gave it.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from sglang_continuum.tools.inprocess import construct_scheduler, select_batch, submit_request
+
+OUTPUT_TOKEN = 7  # every emulated output token (never EOS: the accounting model's EOS is 2)
+ACCOUNTING_VOCAB = 1024
+ACCOUNTING_MAX_POSITIONS = 1 << 20
+
+
+def write_accounting_model(directory: Path) -> Path:
+    """A config-only Llama whose KV per token is 1 layer x 2 (K, V) x 1 head x 8 dims x fp32."""
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": ACCOUNTING_VOCAB,
+        "hidden_size": 8,
+        "intermediate_size": 16,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 1,
+        "num_key_value_heads": 1,
+        "max_position_embeddings": ACCOUNTING_MAX_POSITIONS,
+        "rms_norm_eps": 1e-5,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "tie_word_embeddings": True,
+        "torch_dtype": "float32",
+    }
+    (directory / "config.json").write_text(json.dumps(config, indent=1))
+    return directory
+
+
+def server_args_for(
+    model_dir: Path, max_total_tokens: int, policy_flags: Sequence[str], extra_flags: Sequence[str] = ()
+):
+    """``ServerArgs`` from the same command-line flags a real server of this policy gets."""
+    import argparse
+
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import ServerArgs
+
+    load_plugins()  # as the launcher does before parsing: the plugin adds its schedule policy
+
+    argv = [
+        "--model-path",
+        str(model_dir),
+        "--device",
+        "cpu",
+        "--attention-backend",
+        "torch_native",
+        "--load-format",
+        "dummy",
+        "--skip-tokenizer-init",
+        "--max-total-tokens",
+        str(max_total_tokens),
+        "--context-length",
+        str(min(ACCOUNTING_MAX_POSITIONS, max_total_tokens)),
+        "--disable-overlap-schedule",  # one batch in flight: the step order the clock models
+        "--enable-cache-report",
+        "--enable-metrics",
+        "--skip-server-warmup",
+        "--log-level",
+        "warning",
+        *policy_flags,
+        *extra_flags,
+    ]
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    return ServerArgs.from_cli_args(parser.parse_args(argv)), shlex.join(argv)
+
+
+def build_scheduler(server_args):
+    """The scheduler exactly as ``run_scheduler_process`` builds it, its forward replaced."""
+    scheduler = construct_scheduler(server_args)
+    _replace_forward(scheduler)
+    return scheduler
+
+
+def _replace_forward(scheduler) -> None:
+    import torch
+    from sglang.srt.managers.utils import GenerationBatchResult
+
+    def forward_batch_generation(batch, *args, **kwargs):
+        return GenerationBatchResult(
+            logits_output=None,
+            next_token_ids=torch.full((len(batch.reqs),), OUTPUT_TOKEN, dtype=torch.int64),
+            can_run_cuda_graph=False,
+        )
+
+    worker = scheduler.model_worker
+    worker.forward_batch_generation = forward_batch_generation  # this instance only
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """What a forward's cost depends on."""
+
+    is_prefill: bool
+    extends: tuple[tuple[int, int], ...] = ()  # (new tokens, cached prefix) per request
+    batch_size: int = 0
+    context_tokens: int = 0  # decode: sum of the running requests' lengths
+
+
+def describe_batch(batch) -> BatchShape:
+    mode = batch.forward_mode
+    if mode.is_extend():
+        return BatchShape(True, tuple(zip(batch.extend_lens, batch.prefix_lens)), len(batch.reqs))
+    if mode.is_decode():
+        return BatchShape(False, (), len(batch.reqs), sum(r.seqlen for r in batch.reqs))
+    raise NotImplementedError(f"the emulator models extend and decode batches, not {mode}")
+
+
+def submit(scheduler, rid: str, input_ids: Sequence[int], max_new_tokens: int, custom_params, session_id):
+    """Queue a request as the tokenizer manager would; return its ``Req``."""
+    req = submit_request(
+        scheduler, rid, input_ids, max_new_tokens=max_new_tokens, custom_params=custom_params, session_id=session_id
+    )
+    if req is None:
+        raise RuntimeError(f"request {rid} was not queued (rejected by the scheduler?)")
+    return req
+
+
+def step(scheduler):
+    """Select the next batch; return it (or None when idle) and a function that finishes it."""
+    batch = select_batch(scheduler)
+
+    def finish() -> None:  # as ``event_loop_normal``: run the batch, or idle (SGLang's self-check, our on_idle)
+        if batch is not None:
+            scheduler.process_batch_result(batch, scheduler.run_batch(batch))
+        else:
+            scheduler._sched_idled = True
+            scheduler.on_idle()
+        scheduler.last_batch = batch
+
+    return batch, finish
+
+
+def abort_message(req) -> str | None:
+    """Why SGLang aborted this request (e.g. input longer than the context), or None. A server
+    answers such a request with an error; the emulator's client must see one too."""
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    reason = req.finished_reason
+    return reason.message if isinstance(reason, FINISH_ABORT) else None
+
+
+def close_session(scheduler, session_id: str) -> None:
+    from sglang.srt.managers.io_struct import CloseSessionReqInput
+
+    scheduler.close_session(CloseSessionReqInput(session_id=session_id))
+
+
+def is_idle(scheduler) -> bool:
+    return not scheduler.waiting_queue and scheduler.running_batch.is_empty() and scheduler.chunked_req is None
+
+
+def pool_accounting(scheduler) -> dict:
+    """Token slots of the KV pool by state, for the end-of-run leak check."""
+    cache = scheduler.tree_cache
+    allocator = scheduler.token_to_kv_pool_allocator
+    return {
+        "total": int(scheduler.max_total_num_tokens),
+        "available": int(allocator.available_size()),
+        "evictable": int(cache.evictable_size()),
+        "protected": int(cache.protected_size()),
+    }

@@ -1,0 +1,173 @@
+"""Tier 2: the emulator drives SGLang's real scheduler (and the plugin) in virtual time.
+
+Each run is a fresh ``python -m sglang_continuum.emulator.run`` process (as ``continuum-bench
+--emulate`` runs it), about 12 s each on 2 cores.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sglang_continuum.emulator.step_model import StepLatencyModel
+from sglang_continuum.workloads.schema import Program, Turn, dump_workload
+
+pytestmark = pytest.mark.sglang
+
+PROFILE = {
+    "name": "test-gpu",
+    "coeffs": [0.02, 2e-5, 1e-9],
+    "decode": {"coeffs": [0.01, 1e-4, 2e-8]},
+}
+
+
+def _profile(tmp_path):
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(PROFILE))
+    return path
+
+
+def _emulate(tmp_path, workload, policy, *, pool, jps=1.0, seed=0, name="run"):
+    out = tmp_path / f"{name}.json"
+    cmd = [
+        sys.executable, "-m", "sglang_continuum.emulator.run", "--workload", str(workload), "--policy", policy,
+        "--profile", str(_profile(tmp_path)), "--jps", str(jps), "--seed", str(seed),
+        "--max-total-tokens", str(pool), "--out", str(out),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def _turns(run):
+    return [t for p in run["replay"]["programs"] for t in p["turns"]]
+
+
+def _series(run, name):
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in run["metrics_after"].splitlines()
+        if line.startswith(name + "{") or line.startswith(name + " ")
+    )
+
+
+def test_an_isolated_programs_time_is_its_predicted_steps_plus_its_tool_time(tmp_path):
+    workload = dump_workload(
+        [
+            Program(
+                program_id="solo",
+                turns=[
+                    Turn(append_tokens=3000, output_tokens=20, tool="bash", tool_duration_s=1.5),
+                    Turn(append_tokens=400, output_tokens=10),
+                ],
+            )
+        ],
+        tmp_path / "solo.jsonl",
+    )
+    run = _emulate(tmp_path, workload, "fcfs", pool=20_000)
+    model = StepLatencyModel.load(_profile(tmp_path))
+    t1, t2 = _turns(run)
+    assert t1["cached_tokens"] == 0
+    assert t2["cached_tokens"] >= 3000 + 20 - 1  # the whole first turn, less the unsampled last token
+
+    def turn_time(prompt, cached, out):
+        prefill = model.prefill_seconds([(prompt - cached, cached)])
+        return prefill + sum(model.decode_seconds(1, prompt + k) for k in range(1, out))
+
+    assert t1["finish"] - t1["send"] == pytest.approx(turn_time(3000, 0, 20), rel=1e-9)
+    assert t2["send"] == pytest.approx(t1["finish"] + 1.5, rel=1e-12)
+    assert t2["finish"] - t2["send"] == pytest.approx(turn_time(3420, t2["cached_tokens"], 10), rel=1e-9)
+    assert t1["queue_time_s"] == 0.0 and t2["queue_time_s"] == 0.0
+    assert run["replay"]["programs"][0]["jct"] == pytest.approx(t2["finish"] - t1["send"])
+
+
+@pytest.fixture(scope="module")
+def pressure_workload(tmp_path_factory):
+    from sglang_continuum.workloads.generate import generate
+
+    programs = generate("swe", 10, seed=3, token_scale=0.05)
+    return dump_workload(programs, tmp_path_factory.mktemp("emu") / "swe.jsonl"), programs
+
+
+def test_continuum_runs_are_deterministic_and_return_every_kv_slot(tmp_path, pressure_workload):
+    workload, programs = pressure_workload
+    pool = int(2.5 * sum(p.context_tokens for p in programs) / len(programs))
+    a = _emulate(tmp_path, workload, "continuum", pool=pool, jps=2.0, seed=1, name="a")
+    b = _emulate(tmp_path, workload, "continuum", pool=pool, jps=2.0, seed=1, name="b")
+    assert a["replay"] == b["replay"]
+    turns = _turns(a)
+    assert len(turns) == sum(len(p.turns) for p in programs)
+    assert all(
+        t["error"] is None and t["output_tokens"] == spec.output_tokens
+        for t, spec in zip(turns, (t for p in programs for t in p.turns))
+    )
+    accounting = a["emulator"]["pool_after"]
+    assert accounting["protected"] == 0
+    assert accounting["available"] + accounting["evictable"] == accounting["total"] == pool
+    assert _series(a, "sglang:continuum_pins_created_total") > 0
+    assert _series(a, "sglang:continuum_pin_hits_total") > 0
+
+
+def test_under_pressure_continuum_keeps_more_of_the_next_turns_context_than_fcfs(tmp_path, pressure_workload):
+    workload, programs = pressure_workload
+    pool = int(2.5 * sum(p.context_tokens for p in programs) / len(programs))
+    runs = {p: _emulate(tmp_path, workload, p, pool=pool, jps=2.0, seed=1, name=p) for p in ("fcfs", "continuum")}
+    later = {p: [t for t in _turns(r) if t["turn"] > 0] for p, r in runs.items()}
+    hit = {p: sum(t["cached_tokens"] for t in ts) / sum(t["prompt_tokens"] for t in ts) for p, ts in later.items()}
+    assert hit["continuum"] > hit["fcfs"]
+
+
+def test_bench_emulate_reports_every_policy_as_an_emulated_run(tmp_path, pressure_workload):
+    from sglang_continuum.bench.cli import main
+
+    workload, programs = pressure_workload
+    out = tmp_path / "bench"
+    rc = main(
+        [
+            "--emulate", str(_profile(tmp_path)), "--workload", str(workload), "--policies", "continuum-order-only,continuum-pins-only",
+            "--jps", "2", "--seeds", "1", "--jobs", "2", "--programs", "6", "--pool-programs", "2", "--out", str(out),
+        ]
+    )  # fmt: skip
+    report = json.loads((out / "report.json").read_text())
+    assert rc == 0
+    assert report["backend"] == "emulator" and report["profile"] == "test-gpu"
+    assert [r["policy"] for r in report["runs"]] == ["continuum-order-only", "continuum-pins-only"]
+    for run in report["runs"]:
+        assert run["summary"]["programs"] == 6 and run["summary"]["failed_requests"] == 0
+        assert run["emulator"]["steps"]["prefill"] > 0
+    metrics = {
+        p: json.loads((out / "runs" / f"continuum-{p}-2-s1-r0.json").read_text()) for p in ("order-only", "pins-only")
+    }
+    budget = {p: _series(m, "sglang:continuum_pin_budget_tokens") for p, m in metrics.items()}
+    assert budget["order-only"] == 0 < budget["pins-only"]  # each ablation's setting reached its scheduler
+    ended = {p: _series(m, "sglang:continuum_programs_ended_last_step_total") for p, m in metrics.items()}
+    assert ended == {"order-only": 6, "pins-only": 6}  # metrics published at the final idle step
+    assert "**Emulated**" in (out / "report.md").read_text()
+
+
+def test_a_turn_longer_than_the_context_fails_its_program_as_a_server_would(tmp_path):
+    too_long = Program(
+        program_id="long",
+        turns=[
+            Turn(append_tokens=3000, output_tokens=10, tool="bash", tool_duration_s=0.5),
+            Turn(append_tokens=4000, output_tokens=10, tool="bash", tool_duration_s=0.5),
+            Turn(append_tokens=100, output_tokens=10),
+        ],
+    )
+    fine = Program(
+        program_id="fine",
+        turns=[
+            Turn(append_tokens=500, output_tokens=10, tool="bash", tool_duration_s=0.5),
+            Turn(append_tokens=200, output_tokens=10),
+        ],
+    )
+    workload = dump_workload([too_long, fine], tmp_path / "long.jsonl")
+    run = _emulate(tmp_path, workload, "continuum", pool=6000)  # the context length is the pool: 6,000
+    long_rec, fine_rec = run["replay"]["programs"]
+    assert [t["error"] is None for t in long_rec["turns"]] == [True, False]  # the third turn is never sent
+    assert "aborted by the scheduler" in long_rec["turns"][1]["error"]
+    assert not long_rec["ok"] and long_rec["jct"] is None
+    assert fine_rec["ok"] and all(t["error"] is None for t in fine_rec["turns"])
+    accounting = run["emulator"]["pool_after"]
+    assert accounting["available"] + accounting["evictable"] + accounting["protected"] == 6000
