@@ -38,9 +38,10 @@ def _token_rng(seed: int, program_id: str) -> np.random.Generator:
 
 
 class _Program:
-    __slots__ = ("spec", "record", "rng", "context", "next_turn")
+    __slots__ = ("index", "spec", "record", "rng", "context", "next_turn")
 
-    def __init__(self, spec: Program, record: ProgramRecord, rng: np.random.Generator) -> None:
+    def __init__(self, index: int, spec: Program, record: ProgramRecord, rng: np.random.Generator) -> None:
+        self.index = index  # in the workload: what the event heap carries
         self.spec = spec
         self.record = record
         self.rng = rng
@@ -127,7 +128,7 @@ class ClosedLoopDriver:
         turn = program.spec.turns[program.next_turn]
         program.next_turn += 1
         if program.next_turn < len(program.spec.turns):
-            self._schedule(now + turn.tool_duration_s, self._index[program.spec.program_id])
+            self._schedule(now + turn.tool_duration_s, program.index)
         else:
             program.record.end = now
             program.context = []  # the driver keeps no finished context
@@ -138,10 +139,9 @@ class ClosedLoopDriver:
     def run(self, programs: list[Program], jps: float) -> ReplayResult:
         arrivals = arrival_times(len(programs), jps, self.seed)
         states = [
-            _Program(p, ProgramRecord(p.program_id, a), _token_rng(self.seed, p.program_id))
-            for p, a in zip(programs, arrivals)
+            _Program(i, p, ProgramRecord(p.program_id, a), _token_rng(self.seed, p.program_id))
+            for i, (p, a) in enumerate(zip(programs, arrivals))
         ]
-        self._index = {p.program_id: i for i, p in enumerate(programs)}
         for i, a in enumerate(arrivals):
             self._schedule(a, i)
         start = self.clock()

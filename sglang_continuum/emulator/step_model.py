@@ -21,7 +21,7 @@ GPU's KV pool when no ``--max-total-tokens`` is given, as SGLang would with
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
@@ -36,8 +36,6 @@ class StepLatencyModel:
     weights_bytes: Optional[float] = None
     gpu_memory_bytes: Optional[float] = None
     notes: str = ""
-    source: str = ""
-    extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         if len(self.prefill) != 3 or len(self.decode) != 3:
@@ -63,7 +61,6 @@ class StepLatencyModel:
             weights_bytes=data.get("weights_bytes"),
             gpu_memory_bytes=data.get("gpu_memory_bytes"),
             notes=data.get("notes", ""),
-            source=str(path),
         )
 
     def prefill_seconds(self, extends: Iterable[tuple[int, int]]) -> float:
