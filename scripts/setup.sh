@@ -23,7 +23,7 @@ else
   pip_install "torch==2.13.0"
   # sglang and torchvision without their dependency metadata (both name CUDA-only packages).
   pip_install --no-deps "sglang==0.5.23" "torchvision==0.28.0"
-  pip_install -r requirements/cpu.txt -r requirements/test.txt -r requirements/agents.txt
+  pip_install -r requirements/cpu.txt -r requirements/test.txt -r requirements/agents.txt -r requirements/router.txt
   pip_install --no-deps -e .
   site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   cp -r cpushim/continuum_cpushim.py cpushim/continuum_cpushim.pth cpushim/sgl_kernel "$site/"

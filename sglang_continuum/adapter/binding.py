@@ -212,6 +212,7 @@ def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
 
     def _on_idle():
         nonlocal next_check
+        cache.exchange_stats(cache.step_clock.read_source())  # an idle worker still shares and learns
         cache.publish_metrics(scheduler.waiting_queue, force=True)  # the last step's changes reach /metrics
         if (
             cache.settings.check_integrity

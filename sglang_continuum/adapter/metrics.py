@@ -14,7 +14,7 @@ TTL_BUCKETS = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
 
 def gauge_values(
-    controller: ContinuumController, *, held_back: int = 0, oldest_wait_s: float = 0.0
+    controller: ContinuumController, *, held_back: int = 0, oldest_wait_s: float = 0.0, stats_peers: int = 0
 ) -> dict[str, float]:
     pins, host = controller.pins, controller.host_pins
     return {
@@ -28,6 +28,7 @@ def gauge_values(
         "oldest_wait_seconds": oldest_wait_s,
         "host_pinned_programs": len(host),
         "host_pinned_tokens": host.pinned_tokens,
+        "stats_peers": stats_peers,
     }
 
 
@@ -59,7 +60,13 @@ class ContinuumMetrics:
         self._metrics["ttl"].observe(ttl)
 
     def update(
-        self, controller: ContinuumController, saver=None, *, held_back: int = 0, oldest_wait_s: float = 0.0
+        self,
+        controller: ContinuumController,
+        saver=None,
+        exchange=None,
+        *,
+        held_back: int = 0,
+        oldest_wait_s: float = 0.0,
     ) -> None:
         groups = {
             "counters": controller.counters,
@@ -67,8 +74,10 @@ class ContinuumMetrics:
             "admission": controller.admission,
             "programs": controller.program_counters,
             "saver": saver,
+            "exchange": exchange.counters if exchange is not None else None,
         }
-        gauges = gauge_values(controller, held_back=held_back, oldest_wait_s=oldest_wait_s)
+        peers = exchange.peers_alive(controller.clock()) if exchange is not None else 0
+        gauges = gauge_values(controller, held_back=held_back, oldest_wait_s=oldest_wait_s, stats_peers=peers)
         for source, metric in self._metrics.items():
             group, _, name = source.partition(".")
             if group == "gauge":

@@ -19,6 +19,10 @@ policy when they run, so any other policy leaves SGLang exactly as it was:
 * ``Scheduler.close_session`` (AROUND): ``/close_session`` with a program's id (its
   ``session_id``) ends the program after the fact -- pins and host pins released at once --
   for agents that cannot know in advance which turn is their last.
+* ``DataParallelController.maybe_external_dp_rank_routing`` (AROUND): with ``--dp-size N`` every
+  turn of a program goes to one DP rank (a stable hash of its id over the active ranks), whatever
+  ``--load-balance-method`` says, so its pin is on the rank its next turn reaches. A request
+  that names ``routed_dp_rank`` itself, or carries no program id, is dispatched as before.
 
 The ``continuum`` choice is added last, only once everything else registered.
 """
@@ -40,6 +44,7 @@ INIT_POLICY = "sglang.srt.managers.scheduler.Scheduler.init_schedule_policy"
 RESOLVE_ARGS = "sglang.srt.server_args.ServerArgs.resolve_once"
 VALIDATE_REQUEST = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
 CLOSE_SESSION = "sglang.srt.managers.scheduler.Scheduler.close_session"
+DP_ROUTE = "sglang.srt.managers.data_parallel_controller.DataParallelController.maybe_external_dp_rank_routing"
 
 _originals: dict[str, object] = {}
 
@@ -89,6 +94,22 @@ def _around_close_session(original, scheduler, recv_req, *args, **kwargs):
     if scheduler.enable_session_radix_cache or session_id in scheduler.session_controller:
         return original(scheduler, recv_req, *args, **kwargs)
     return None  # a program id that was never an opened session: SGLang would only warn
+
+
+def _around_dp_routing(original, controller, req, *args, **kwargs):
+    if _policy_of(controller.server_args) == POLICY_NAME and getattr(req, "routed_dp_rank", None) is None:
+        try:
+            from sglang_continuum.adapter.request import read_program_meta
+            from sglang_continuum.core.metadata import MalformedReporter
+            from sglang_continuum.core.programs import affine_slot
+
+            meta = read_program_meta(req, MalformedReporter(max_entries=1, log=logger.debug))
+            active = [r for r in controller._active_workers if controller.workers[r] is not None]
+            if meta.has_program and active:
+                req.routed_dp_rank = active[affine_slot(meta.program_id, len(active))]
+        except Exception:  # routing falls back to SGLang's own method; dispatch must go on
+            logger.exception("continuum: program-affine DP routing failed")
+    return original(controller, req, *args, **kwargs)
 
 
 def _before_validate_request(manager, obj, input_ids, *args, **kwargs):
@@ -184,6 +205,7 @@ def register() -> None:
         (RESOLVE_ARGS, _after_resolve, HookType.AFTER),
         (VALIDATE_REQUEST, _before_validate_request, HookType.BEFORE),
         (CLOSE_SESSION, _around_close_session, HookType.AROUND),
+        (DP_ROUTE, _around_dp_routing, HookType.AROUND),
     ):
         _originals.setdefault(target, _resolve(target))
         HookRegistry.register(target, hook, kind)

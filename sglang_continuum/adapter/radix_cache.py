@@ -36,6 +36,7 @@ from sglang_continuum.core.metadata import MalformedReporter, ProgramMeta
 from sglang_continuum.core.persistence import StatsSaver, load_stats
 from sglang_continuum.core.pins import Pin, Tier
 from sglang_continuum.core.settings import ContinuumSettings
+from sglang_continuum.core.stats_exchange import StatsExchange
 
 logger = logging.getLogger(__name__)
 
@@ -65,11 +66,12 @@ class ContinuumRadixCache(UnifiedRadixCache):
         budget = int(self.token_to_kv_pool_allocator.size * self.settings.pin_budget_fraction)
         self.controller = ContinuumController(self.settings, clock=self.step_clock, budget_tokens=budget)
         self.report_malformed = MalformedReporter()
-        tp_rank = 0
+        tp_rank, tp_size = 0, 1
         if params.tp_cache_group is not None:
             import torch.distributed as dist
 
             tp_rank = dist.get_rank(group=params.tp_cache_group)
+            tp_size = dist.get_world_size(group=params.tp_cache_group)
         self.metrics: Optional[ContinuumMetrics] = ContinuumMetrics(tp_rank=tp_rank) if params.enable_metrics else None
         self._next_metrics = 0.0
         self._oldest_wait = 0.0
@@ -81,6 +83,43 @@ class ContinuumRadixCache(UnifiedRadixCache):
             if tp_rank == 0 and params.pp_rank == 0:  # one writer per server
                 self.saver = StatsSaver(self.settings.stats_path)
         self._next_stats_save = self.step_clock() + self.settings.stats_save_interval_s
+        self.exchange: Optional[StatsExchange] = self._start_exchange(tp_size)
+
+    def _start_exchange(self, tp_size: int) -> Optional[StatsExchange]:
+        """Tool statistics shared with peer workers, when endpoints are set. Only with one
+        scheduler per server: tensor-parallel ranks must take identical pin decisions, and peers'
+        samples would reach only the rank that receives them."""
+        s = self.settings
+        if not (s.stats_publish_endpoint or s.stats_peer_endpoints):
+            return None
+        if tp_size > 1:
+            logger.warning("continuum: shared tool statistics are off: they need tp_size 1 (got %d)", tp_size)
+            return None
+        try:
+            exchange = StatsExchange(
+                s.stats_publish_endpoint,
+                s.stats_peer_endpoints,
+                interval_s=s.stats_exchange_interval_s,
+                history=s.stats_exchange_history,
+            )
+        except Exception as exc:  # e.g. the publish port is taken: serve on, with local statistics only
+            logger.error("continuum: shared tool statistics are off: %s", exc)
+            return None
+        self.controller.share_sample = exchange.record
+        logger.info(
+            "continuum: sharing tool statistics (publish %s, %d peer endpoint(s))",
+            s.stats_publish_endpoint or "-",
+            len(s.stats_peer_endpoints),
+        )
+        return exchange
+
+    def exchange_stats(self, now: float) -> None:
+        """Publish this worker's new tool samples and merge its peers' (non-blocking; between
+        exchange intervals one comparison)."""
+        if self.exchange is not None:
+            samples = self.exchange.poll(now)
+            if samples:
+                self.controller.merge_peer_samples(samples)
 
     def init_hicache(self, server_args: ServerArgs, params: CacheInitParams) -> None:
         super().init_hicache(server_args, params)
@@ -180,6 +219,7 @@ class ContinuumRadixCache(UnifiedRadixCache):
         self.step_clock.set(now)
         plan = self.controller.step(program_waiting)
         freed = self._execute(plan)
+        self.exchange_stats(now)
         if self.saver is not None and now >= self._next_stats_save:
             self._next_stats_save = now + self.settings.stats_save_interval_s
             self.saver.submit(self.controller.snapshot())
@@ -207,7 +247,13 @@ class ContinuumRadixCache(UnifiedRadixCache):
                 and (state := programs.get(tag.meta.program_id)) is not None
                 and state.turns_admitted == 0
             )
-        self.metrics.update(self.controller, self.saver, held_back=self._held_back, oldest_wait_s=self._oldest_wait)
+        self.metrics.update(
+            self.controller,
+            self.saver,
+            self.exchange,
+            held_back=self._held_back,
+            oldest_wait_s=self._oldest_wait,
+        )
 
     def shed_for(self, tag: Optional[TurnTag], *, tokens: int, any_rank: bool = False) -> int:
         """Shed pins (latest program first) worth at least ``tokens`` for the blocked turn
@@ -235,6 +281,8 @@ class ContinuumRadixCache(UnifiedRadixCache):
         """The controller's invariants plus the engine facts behind them: every device pin's
         prefix is resident and protected, every host pin's node is backed up on host."""
         self.controller.check_integrity()
+        if self.exchange is not None:
+            self.exchange.check_integrity()
         tree = self.tree_core
         for pin in self.controller.pins:  # a locked node is never evicted from the device
             assert not tree.is_full_device_evicted(pin.handle.node), f"pinned prefix of {pin.program_id} evicted"
@@ -276,6 +324,9 @@ class ContinuumRadixCache(UnifiedRadixCache):
 
     def shutdown(self) -> None:
         self.save_stats_now()  # warm start for the next server
+        if self.exchange is not None:
+            self.exchange.close()
+            self.exchange = None
         super().shutdown()
 
     def reset(self) -> None:

@@ -61,6 +61,7 @@ from typing import Optional
 
 from tqdm import tqdm
 
+from sglang_continuum.bench.fleet import ROUTER_ARGS, ROUTER_POLICIES, Fleet, fleet_summary, worker_table
 from sglang_continuum.bench.replay import Replayer, ReplayResult
 from sglang_continuum.bench.report import markdown_table, plots, summarize
 from sglang_continuum.bench.seeds import aggregate, collapsed_flags, headline, run_order, seeds_table
@@ -165,10 +166,27 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument(
         "--summary-only", action="store_true", help="report.json without per-turn records (large emulated grids)"
     )
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="start this many workers behind SGLang's router (smg); a policy may name the router's "
+        "policy after @, e.g. continuum@round_robin (default: --router-policy)",
+    )
+    ap.add_argument("--router", choices=["smg"], default="smg", help="the router in front of --workers > 1")
+    ap.add_argument("--router-policy", default="consistent_hashing", choices=ROUTER_POLICIES)
+    ap.add_argument(
+        "--router-args",
+        default=" ".join(ROUTER_ARGS),
+        help="extra flags for smg, quoted (default: %(default)s; '' keeps smg's overload protection)",
+    )
+    ap.add_argument("--no-share-stats", action="store_true", help="workers keep their tool statistics to themselves")
     ap.add_argument("--out", type=Path, default=Path("out/bench"))
     args = ap.parse_args(argv)
     if args.emulate and args.url:
         ap.error("--emulate and --url exclude each other")
+    if args.workers > 1 and (args.emulate or args.url):
+        ap.error("--workers starts servers: it excludes --emulate and --url")
 
     programs = load_workload(args.workload)
     if args.programs:
@@ -234,27 +252,53 @@ def main(argv: Optional[list[str]] = None) -> int:
             close_sessions=policy.partition("+")[0] == "session",
         )
         server_cores = None
+        workers = None
+        base_policy, _, router_policy = policy.partition("@")
         if args.url:
             result = _run(replayer, programs, jps, desc, total_turns, client_cpus)
         else:
             if not args.model:
                 ap.error("--model is required unless --url is given")
-            flags, env = parse_policy(policy, cpu=not args.gpu)
+            flags, env = parse_policy(base_policy, cpu=not args.gpu)
             if "tlru" in flags:
                 flags += ["--radix-eviction-policy-config", json.dumps(tlru_config(programs))]
             log = args.out / f"server-{policy}-{jps:g}-s{seed}-r{repeat}.log"
-            with SGLangServer(
-                args.model,
-                [*flags, *common],
-                env={**env, **extra_env},
-                log_path=log,
-                cpu=not args.gpu,
-                cpus=server_cpus,
-            ) as server:
-                replayer.url = server.url
-                result = _run(replayer, programs, jps, desc, total_turns, client_cpus)
-                server_cores = tree_cores(server.proc.pid)
+            if args.workers > 1 or router_policy:
+                log_dir = args.out / f"fleet-{policy}-{jps:g}-s{seed}-r{repeat}"
+                log_dir.mkdir(parents=True, exist_ok=True)
+                # smg routes OpenAI requests by model name (one server takes any): name it as the client does
+                named = [] if "--served-model-name" in common else ["--served-model-name", replayer.model]
+                with Fleet(
+                    args.model,
+                    [*flags, *common, *named],
+                    workers=args.workers,
+                    router_policy=router_policy or args.router_policy,
+                    router_args=shlex.split(args.router_args),
+                    env={**env, **extra_env},
+                    share_stats=not args.no_share_stats,
+                    log_dir=log_dir,
+                    cpu=not args.gpu,
+                    cpus=server_cpus,
+                ) as fleet:
+                    replayer.url, replayer.metrics_urls = fleet.url, fleet.worker_urls
+                    result = _run(replayer, programs, jps, desc, total_turns, client_cpus)
+                    server_cores = sorted(set().union(*(tree_cores(w.proc.pid) for w in fleet.workers)))
+                workers = worker_table(result.worker_metrics)
+            else:
+                with SGLangServer(
+                    args.model,
+                    [*flags, *common],
+                    env={**env, **extra_env},
+                    log_path=log,
+                    cpu=not args.gpu,
+                    cpus=server_cpus,
+                ) as server:
+                    replayer.url = server.url
+                    result = _run(replayer, programs, jps, desc, total_turns, client_cpus)
+                    server_cores = tree_cores(server.proc.pid)
         summary = summarize(result)
+        if workers is not None:
+            summary |= fleet_summary(workers)
         runs.append(
             {
                 "policy": policy,
@@ -263,6 +307,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 "repeat": repeat,
                 "server_cores": server_cores,
                 "summary": summary,
+                **({"workers": workers} if workers is not None else {}),
                 "replay": result.to_dict(),
             }
         )
@@ -336,6 +381,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "JCT: first request sent to last response, per program. turn queue: mean time a turn waited in "
         "the server queue (SGLang's queue_time). cache hit: cached / prompt tokens.",
         "",
+        *fleet_section(runs),
         *[f"![{p.stem}]({p.name})" for p in pngs],
     ]
     (args.out / "report.md").write_text("\n".join(md) + "\n")
@@ -347,11 +393,40 @@ def main(argv: Optional[list[str]] = None) -> int:
     return 0 if all(r["failed_requests"] == 0 for r in rows) else 1
 
 
+def fleet_section(runs: list[dict]) -> list[str]:
+    """Report lines for runs behind a router: per worker, what it served."""
+    fleet_runs = [r for r in runs if r.get("workers")]
+    if not fleet_runs:
+        return []
+    lines = [
+        "## Per worker",
+        "",
+        "Read from each worker's own /metrics. affinity: of the programs whose last step carried its step "
+        "number, the share whose every turn one worker served (counted by the workers); load spread: the "
+        "busiest worker's prompt tokens over the mean.",
+        "",
+        "| policy | seed | affinity | load spread | worker | programs | requests | prompt tokens | cache hit "
+        "| pin hits | mean queue s | stats sent / received |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in fleet_runs:
+        s = r["summary"]
+        for i, w in enumerate(r["workers"]):
+            lines.append(
+                f"| {r['policy']} | {r['seed']} | {s['program_affinity']:.1%} | {s['load_spread']:.2f} | {i} "
+                f"| {w['programs']:.0f} | {w['requests']:.0f} | {w['prompt_tokens']:.0f} | {w['cache_hit_ratio']:.1%} "
+                f"| {w['pin_hits']:.0f} | {w['mean_queue_s']:.3f} "
+                f"| {w['stats_samples_sent']:.0f} / {w['stats_samples_received']:.0f} |"
+            )
+    return [*lines, ""]
+
+
 def _print_run(desc: str, summary: dict) -> None:
     print(
         f"  {desc}: mean JCT {summary['jct_mean_s']:.2f}s, P95 {summary['jct_p95_s']:.2f}s, "
         f"cache hit {summary['cache_hit_ratio']:.1%}, max wait {summary['max_request_wait_s']:.2f}s, "
-        f"failed requests {summary['failed_requests']}",
+        f"failed requests {summary['failed_requests']}"
+        + (f", program affinity {summary['program_affinity']:.1%}" if "program_affinity" in summary else ""),
         flush=True,
     )
 

@@ -69,8 +69,9 @@ class ProgramRecord:
 class ReplayResult:
     programs: list[ProgramRecord]
     wall_s: float
-    metrics_before: str = ""
+    metrics_before: str = ""  # every scraped server's /metrics, concatenated (series sum over them)
     metrics_after: str = ""
+    worker_metrics: list[tuple[str, str, str]] = field(default_factory=list)  # (url, before, after) each
 
     def to_dict(self) -> dict:
         return {
@@ -131,6 +132,7 @@ class Replayer:
         send_program_id: bool = True,
         close_sessions: bool = False,
         on_turn: Optional[Callable[[TurnRecord], None]] = None,
+        metrics_urls: Optional[list[str]] = None,
     ) -> None:
         if api not in ("sglang", "openai"):
             raise ValueError("api must be 'sglang' or 'openai'")
@@ -143,6 +145,7 @@ class Replayer:
         self.send_program_id = send_program_id
         self.close_sessions = close_sessions  # --enable-session-radix-cache: release the session at program end
         self.on_turn = on_turn
+        self.metrics_urls = metrics_urls  # the workers behind a router (default: ``url`` itself)
         self.t0 = 0.0
 
     def _now(self) -> float:
@@ -151,7 +154,7 @@ class Replayer:
     def _body(self, program: Program, i: int, ids: list[int]) -> tuple[str, dict, dict]:
         turn = program.turns[i]
         last = i == len(program.turns) - 1
-        custom = continuum_custom_params(program.program_id, last_step=last, tool_name=turn.tool)
+        custom = continuum_custom_params(program.program_id, last_step=last, tool_name=turn.tool, step=i + 1)
         headers = routing_headers(program.program_id) if self.send_program_id else {}
         if self.api == "sglang":
             body = {
@@ -249,12 +252,14 @@ class Replayer:
         records = [ProgramRecord(p.program_id, a) for p, a in zip(programs, arrivals)]
         limits = httpx.Limits(max_connections=len(programs) + 4, max_keepalive_connections=len(programs) + 4)
         async with httpx.AsyncClient(timeout=self.timeout_s, limits=limits) as client:
-            before = await _metrics(client, self.url)
+            urls = self.metrics_urls or [self.url]
+            before = [await _metrics(client, u) for u in urls]
             self.t0 = time.perf_counter()
             await asyncio.gather(*(self._program(client, p, r) for p, r in zip(programs, records)))
             wall = self._now()
-            after = await _metrics(client, self.url)
-        return ReplayResult(records, wall, before, after)
+            after = [await _metrics(client, u) for u in urls]
+        per_worker = list(zip(urls, before, after)) if self.metrics_urls else []
+        return ReplayResult(records, wall, "\n".join(before), "\n".join(after), per_worker)
 
 
 async def _metrics(client: httpx.AsyncClient, url: str) -> str:

@@ -36,6 +36,8 @@ def summarize(result: ReplayResult) -> dict:
     waits = [t.queue_time_s if t.queue_time_s is not None else t.ttft for t in ok_turns if t.ttft is not None]
     prompt = sum(t.prompt_tokens for t in ok_turns)
     cached = sum(t.cached_tokens for t in ok_turns)
+    later = [t for t in ok_turns if t.turn > 0]  # turns that could find their program's context
+    later_prompt = sum(t.prompt_tokens for t in later)
     out_tokens = sum(t.output_tokens for t in ok_turns)
     before = parse_metrics(result.metrics_before, prefix="sglang:")
     after = parse_metrics(result.metrics_after, prefix="sglang:")
@@ -59,6 +61,7 @@ def summarize(result: ReplayResult) -> dict:
         else float("nan"),
         "mean_ttft_s": float(np.mean([t.ttft for t in ok_turns if t.ttft is not None])) if ok_turns else float("nan"),
         "cache_hit_ratio": cached / prompt if prompt else 0.0,
+        "later_turn_cache_hit": sum(t.cached_tokens for t in later) / later_prompt if later_prompt else 0.0,
         "prompt_tokens": prompt,
         "cached_tokens": cached,
         "output_tokens": out_tokens,
@@ -90,10 +93,11 @@ COLUMNS = [
 
 
 def baseline_of(policy: str, baseline: str = "fcfs") -> str:
-    """A policy is compared with the baseline on the same cache tiers: ``x+hicache`` with
-    ``fcfs+hicache``."""
+    """A policy is compared with the baseline on the same cache tiers and behind the same router:
+    ``x+hicache`` with ``fcfs+hicache``, ``x@round_robin`` with ``fcfs@round_robin``."""
+    policy, at, router = policy.partition("@")
     _, plus, extra = policy.partition("+")
-    return baseline + plus + extra
+    return baseline + plus + extra + at + router
 
 
 def markdown_table(rows: list[dict], baseline: str = "fcfs") -> str:

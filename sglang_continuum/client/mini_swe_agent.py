@@ -22,13 +22,19 @@ from minisweagent.models.litellm_model import LitellmModel
 from minisweagent.models.litellm_textbased_model import LitellmTextbasedModel
 
 from sglang_continuum.client.params import RELEASE_PATH, continuum_custom_params, release_body, routing_headers
-from sglang_continuum.core.metadata import LAST_STEP_KEY
+from sglang_continuum.core.metadata import LAST_STEP_KEY, STEP_KEY
 
 
 def release_program(server_url: str, program_id: str) -> None:
     """``POST /close_session`` for ``program_id``; never raises (a run's end must not fail on it)."""
     try:
-        httpx.post(server_url.rstrip("/") + RELEASE_PATH, json=release_body(program_id), timeout=30)
+        # the routing key: behind SGLang's router the release reaches the worker that holds the pin
+        httpx.post(
+            server_url.rstrip("/") + RELEASE_PATH,
+            json=release_body(program_id),
+            headers=routing_headers(program_id),
+            timeout=30,
+        )
     except httpx.HTTPError:
         pass
 
@@ -61,9 +67,13 @@ class _ContinuumProgram:
         # when the run's model object is dropped (CPython: at once) the program is released
         self._release = weakref.finalize(self, release_program, url, self.program_id) if url else None
 
-    def mark_last_step(self, last: bool) -> None:
-        """The next request is the program's last turn (e.g. the step limit makes it so)."""
-        self.config.model_kwargs["extra_body"]["custom_params"][LAST_STEP_KEY] = bool(last)
+    def mark_last_step(self, last: bool, *, step: Optional[int] = None) -> None:
+        """The next request is the program's last turn (e.g. the step limit makes it so); ``step``
+        is its 1-based position (workers count the programs whose every turn they served)."""
+        custom = self.config.model_kwargs["extra_body"]["custom_params"]
+        custom[LAST_STEP_KEY] = bool(last)
+        if step is not None:
+            custom[STEP_KEY] = int(step)
 
     def close(self) -> None:
         """End the program on the server now (idempotent)."""

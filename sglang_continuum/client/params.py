@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from sglang_continuum.core.metadata import LAST_STEP_KEY, PROGRAM_ID_KEY, TOOL_NAME_KEY
+from sglang_continuum.core.metadata import LAST_STEP_KEY, PROGRAM_ID_KEY, STEP_KEY, TOOL_NAME_KEY
 
 # SGLang's router (sgl-model-gateway) hashes this header for consistent, program-affine routing.
 ROUTING_HEADER = "x-smg-routing-key"
@@ -18,20 +18,31 @@ def release_body(program_id: str | int) -> dict:
     return {"session_id": str(program_id)}
 
 
-def continuum_custom_params(program_id: str | int, *, last_step: bool = False, tool_name: Optional[str] = None) -> dict:
+def continuum_custom_params(
+    program_id: str | int, *, last_step: bool = False, tool_name: Optional[str] = None, step: Optional[int] = None
+) -> dict:
+    """``step`` (the turn's 1-based position) lets workers count programs whose every turn they
+    served (``sglang:continuum_programs_affine_total``): how well routing kept programs together."""
     params: dict[str, Any] = {PROGRAM_ID_KEY: str(program_id), LAST_STEP_KEY: bool(last_step)}
     if tool_name:
         params[TOOL_NAME_KEY] = tool_name
+    if step is not None:
+        params[STEP_KEY] = int(step)
     return params
 
 
 def continuum_extra_body(
-    program_id: str | int, *, last_step: bool = False, tool_name: Optional[str] = None, **extra: Any
+    program_id: str | int,
+    *,
+    last_step: bool = False,
+    tool_name: Optional[str] = None,
+    step: Optional[int] = None,
+    **extra: Any,
 ) -> dict:
     """``extra_body`` for the OpenAI client; ``extra`` adds other SGLang fields (e.g. ignore_eos)."""
     body = dict(extra)
     custom = dict(body.pop("custom_params", None) or {})
-    custom.update(continuum_custom_params(program_id, last_step=last_step, tool_name=tool_name))
+    custom.update(continuum_custom_params(program_id, last_step=last_step, tool_name=tool_name, step=step))
     body["custom_params"] = custom
     return body
 

@@ -27,6 +27,7 @@ from sglang_continuum.core.pins import Pin, PinTable, Tier
 from sglang_continuum.core.priority import OVERDUE, priority_key
 from sglang_continuum.core.programs import ProgramRegistry, ProgramState
 from sglang_continuum.core.settings import ContinuumSettings
+from sglang_continuum.core.stats_exchange import DURATION, OUTCOME, Sample
 from sglang_continuum.core.tool_stats import UNKNOWN_TOOL, ToolStats
 from sglang_continuum.core.ttl import TTLModel, TTLQuery
 from sglang_continuum.core.ttl_registry import build_ttl_model
@@ -83,6 +84,11 @@ class ProgramCounters:
     released: int = 0  # ended by the client after the fact (/close_session)
     forgotten: int = 0  # dropped idle or by the registry bound
     not_returned: int = 0  # ended while out on a tool call: that tool's return probability falls
+    seen: int = 0  # programs whose first turn seen here made a new entry
+    # Ended here by a last step that carried its step number N: ``affine`` if turns 1..N all
+    # arrived here, ``split`` if some went to another worker (routing did not keep it together).
+    affine: int = 0
+    split: int = 0
 
 
 @dataclass(slots=True)
@@ -142,6 +148,8 @@ class ContinuumController:
         self._reloading: dict[str, int] = {}  # program -> tokens reloaded, until its turn is admitted
         self.ttl_model: TTLModel = ttl_model or build_ttl_model(settings, self.stats)
         self._rank = itertools.count(1)
+        # each tool sample recorded here is also handed to this (a StatsExchange's record)
+        self.share_sample: Optional[Callable[[str, str, float], None]] = None
 
     def attach_host_tier(self, *, reload: ReloadCost, host_budget_tokens: int, hold_cost: float) -> None:
         """HiCache is on: misses reload instead of recomputing, and host pins may hold
@@ -157,9 +165,12 @@ class ContinuumController:
         if not meta.has_program:
             return TurnTag(meta, rank, rank, now)
         state, ret = self.programs.turn_arrived(meta.program_id, now, rank)
+        if state.turns_arrived == 1:
+            state.first_step = meta.step
+            self.program_counters.seen += 1
         if ret is not None:
-            self.stats.record(ret.tool, ret.seconds)  # TTL models read tool times from self.stats
-            self.stats.record_outcome(ret.tool, returned=True)
+            self._record_tool_sample(DURATION, ret.tool, ret.seconds)  # TTL models read tool times from self.stats
+            self._record_tool_sample(OUTCOME, ret.tool, 1.0)
         miss = state.turns_arrived > 1 and meta.program_id not in self.pins
         return TurnTag(meta, rank, state.arrival_rank, now, miss)
 
@@ -203,6 +214,10 @@ class ContinuumController:
             logger.debug("continuum: straggler turn of ended program=%s; no pin", pid)
             return out
         if meta.is_last_step or tool in self._terminal_tools:
+            if meta.step is not None:
+                affine = state.first_step == 1 and state.turns_arrived >= meta.step
+                self.program_counters.affine += affine
+                self.program_counters.split += not affine
             self._end_program(self.programs.forget(pid), stranded=False)
             if meta.is_last_step:
                 self.program_counters.last_step += 1
@@ -429,6 +444,18 @@ class ContinuumController:
             "programs": counter_values(self.program_counters),
         }
 
+    def merge_peer_samples(self, samples: list[Sample]) -> None:
+        """Tool samples other workers recorded (``StatsExchange.poll``): into the same windows as
+        this worker's own, so the TTL model reads the fleet's distribution. Not shared again."""
+        durations: dict[str, list[float]] = {}
+        for kind, tool, value in samples:
+            if kind == DURATION:
+                durations.setdefault(tool, []).append(value)
+            else:
+                self._apply_tool_sample(kind, tool, value)
+        for tool, seconds in durations.items():  # one pass over each sorted window per batch
+            self.stats.record_many(tool, seconds)
+
     def load_snapshot(self, tool_stats: dict, signals: dict) -> None:
         self.stats.load_dict(tool_stats)
         self.ttl_model.load_signals(signals)
@@ -481,8 +508,19 @@ class ContinuumController:
         if state.turns_finished > 0:
             self.ttl_model.observe_program_end(state.turns_finished)
         if stranded and state.pending_tool is not None and state.in_flight == 0:
-            self.stats.record_outcome(state.pending_tool, returned=False)
+            self._record_tool_sample(OUTCOME, state.pending_tool, 0.0)
             self.program_counters.not_returned += 1
+
+    def _record_tool_sample(self, kind: str, tool: str, value: float) -> None:
+        self._apply_tool_sample(kind, tool, value)
+        if self.share_sample is not None:
+            self.share_sample(kind, tool, value)
+
+    def _apply_tool_sample(self, kind: str, tool: str, value: float) -> None:
+        if kind == DURATION:
+            self.stats.record(tool, value)
+        else:
+            self.stats.record_outcome(tool, returned=value > 0)
 
     def _wait_hold(self, program_waiting: Callable[[str], bool]) -> Callable[[Pin], Optional[float]]:
         """An expired pin whose program has a turn waiting is held ``max_wait_hold_s`` longer."""

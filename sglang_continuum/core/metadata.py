@@ -17,6 +17,7 @@ logger = logging.getLogger(__name__)
 PROGRAM_ID_KEY = "program_id"
 LAST_STEP_KEY = "is_last_step"
 TOOL_NAME_KEY = "tool_name"
+STEP_KEY = "step"  # optional: the turn's 1-based position in its program
 # Accepted spellings from other Continuum clients (the vLLM reference uses job_id / is_last_step).
 PROGRAM_ID_ALIASES = (PROGRAM_ID_KEY, "job_id")
 LAST_STEP_ALIASES = (LAST_STEP_KEY, "last_step")
@@ -32,6 +33,7 @@ class ProgramMeta:
     program_id: Optional[str] = None
     is_last_step: bool = False
     tool_name: Optional[str] = None
+    step: Optional[int] = None
 
     @property
     def has_program(self) -> bool:
@@ -77,6 +79,20 @@ def _read_bool(value: Any) -> bool:
     if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
         return value.strip().lower() in _TRUE
     raise _Malformed(f"last-step flag must be a boolean, got {value!r}"[:200])
+
+
+def _read_step(value: Any) -> Optional[int]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise _Malformed(f"step must be a positive integer, got {type(value).__name__}")
+    try:
+        step = int(value)
+    except ValueError:
+        raise _Malformed(f"step must be a positive integer, got {value!r}"[:200]) from None
+    if step < 1:
+        raise _Malformed(f"step must be a positive integer, got {step}")
+    return step
 
 
 def _read_tool_name(value: Any) -> Optional[str]:
@@ -141,4 +157,9 @@ def parse_program_meta(
         tool_name = _read_tool_name(params.get(TOOL_NAME_KEY))
     except _Malformed as exc:
         report(program_id, str(exc))
-    return ProgramMeta(program_id=program_id, is_last_step=is_last, tool_name=tool_name)
+    step = None
+    try:
+        step = _read_step(params.get(STEP_KEY))
+    except _Malformed as exc:
+        report(program_id, str(exc))
+    return ProgramMeta(program_id=program_id, is_last_step=is_last, tool_name=tool_name, step=step)

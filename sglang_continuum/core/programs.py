@@ -12,9 +12,19 @@ pool should hold for their next turn. Program-level admission control reads it.
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Optional
+
+
+def affine_slot(program_id: str, slots: int) -> int:
+    """A stable slot in ``range(slots)`` for a program (the same in every process and run, unlike
+    ``hash``): how turns of one program keep reaching the same data-parallel rank."""
+    if slots < 1:
+        raise ValueError("slots must be >= 1")
+    digest = hashlib.blake2b(program_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % slots
 
 
 @dataclass(slots=True)
@@ -29,6 +39,7 @@ class ProgramState:
     last_finish: Optional[float] = None
     pending_tool: Optional[str] = None  # tool called by the last finished turn, not yet returned
     context_tokens: int = 0  # its context as of its latest admitted or finished turn
+    first_step: Optional[int] = None  # the client's step number of the first turn seen here
 
 
 @dataclass(frozen=True, slots=True)

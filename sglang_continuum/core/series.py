@@ -97,6 +97,30 @@ SERIES: tuple[Series, ...] = (
         "programs.not_returned",
         "Programs that ended while out on a tool call (lowers that tool's return probability).",
     ),
+    # routing: did each program's turns reach one worker? (needs the client's step numbers)
+    Series("programs_seen", "counter", "programs.seen", "Programs whose first turn seen here was new to this worker."),
+    Series(
+        "programs_affine",
+        "counter",
+        "programs.affine",
+        "Programs that ended here (last step with its step number N) after turns 1..N all arrived here.",
+    ),
+    Series(
+        "programs_split",
+        "counter",
+        "programs.split",
+        "Programs that ended here (last step with its step number) after some turns went to another worker.",
+    ),
+    # tool statistics shared between workers (stats_publish_endpoint / stats_peer_endpoints)
+    Series("stats_samples_sent", "counter", "exchange.sent", "Tool-statistics samples published to peers."),
+    Series("stats_samples_received", "counter", "exchange.received", "Peers' tool-statistics samples merged here."),
+    Series(
+        "stats_samples_dropped",
+        "counter",
+        "exchange.dropped",
+        "Samples not shared: outbox full, or the publish queue full (a slow or dead peer).",
+    ),
+    Series("stats_peers", "gauge", "gauge.stats_peers", "Peers heard from within the last 5 seconds."),
     # statistics persistence
     Series("stats_saves", "counter", "saver.saved", "Tool statistics written to stats_path."),
     Series("stats_save_failures", "counter", "saver.failures", "Failed statistics writes (serving continues)."),

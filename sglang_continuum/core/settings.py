@@ -103,6 +103,18 @@ class ContinuumSettings(BaseModel):
     )
     stats_save_interval_s: float = Field(30.0, gt=0)
 
+    # tool statistics shared between workers (core/stats_exchange.py)
+    stats_publish_endpoint: Optional[str] = Field(
+        None, description="zmq endpoint this worker publishes its tool samples on (bound), e.g. tcp://0.0.0.0:5701"
+    )
+    stats_peer_endpoints: tuple[str, ...] = Field(
+        (),
+        description="peers' publish endpoints to subscribe to (comma-separated in the environment; may include "
+        "this worker's own)",
+    )
+    stats_exchange_interval_s: float = Field(0.1, gt=0, description="publish and merge at most this often")
+    stats_exchange_history: int = Field(1024, ge=1, description="latest local samples a newly heard peer is sent")
+
     # debugging
     check_integrity: bool = Field(False, description="check every invariant at idle (tests, debugging)")
 
@@ -115,11 +127,21 @@ class ContinuumSettings(BaseModel):
             raise ValueError(f"unknown TTL model {name!r}; choose from {sorted(TTL_MODELS)}")
         return name
 
-    @field_validator("terminal_tools", mode="before")
+    @field_validator("terminal_tools", "stats_peer_endpoints", mode="before")
     @classmethod
-    def _tool_list(cls, value):
-        if isinstance(value, str):  # from the environment: "submit,finish"
+    def _comma_list(cls, value):
+        if isinstance(value, str):  # from the environment: "submit,finish", "tcp://a:1,tcp://b:1"
             return tuple(t.strip() for t in value.split(",") if t.strip())
+        return value
+
+    @field_validator("stats_publish_endpoint", "stats_peer_endpoints")
+    @classmethod
+    def _zmq_endpoints(cls, value):
+        from sglang_continuum.core.stats_exchange import ENDPOINT_SCHEMES
+
+        for endpoint in (value,) if isinstance(value, str) else value or ():
+            if not endpoint.startswith(ENDPOINT_SCHEMES):
+                raise ValueError(f"stats endpoint {endpoint!r} must start with one of {ENDPOINT_SCHEMES}")
         return value
 
     @field_validator("stats_path")

@@ -93,7 +93,7 @@ class ClosedLoopDriver:
         program.record.turns.append(rec)
         last = i == len(spec.turns) - 1
         custom = (
-            continuum_custom_params(spec.program_id, last_step=last, tool_name=turn.tool)
+            continuum_custom_params(spec.program_id, last_step=last, tool_name=turn.tool, step=i + 1)
             if self.send_program_id
             else None
         )

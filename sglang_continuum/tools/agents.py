@@ -45,6 +45,7 @@ from typing import Optional
 
 import httpx
 
+from sglang_continuum.bench.fleet import ROUTER_POLICIES, Fleet
 from sglang_continuum.core.tool_calls import SUBMIT_SENTINELS, command_tool
 from sglang_continuum.tools.server import SGLangServer, parse_metrics
 
@@ -165,7 +166,7 @@ def _agent_classes():
         """Marks the turn that the step limit makes last; everything else is mini-swe-agent's."""
 
         def query(self) -> dict:
-            self.model.mark_last_step(0 < self.config.step_limit == self.n_calls + 1)
+            self.model.mark_last_step(0 < self.config.step_limit == self.n_calls + 1, step=self.n_calls + 1)
             return super().query()
 
     return ProgramAgent, TimedEnvironment, ContinuumLitellmModel, ContinuumLitellmTextbasedModel
@@ -263,25 +264,28 @@ def summarize(results: list[TaskResult], metrics_delta: dict, pins_left: float) 
     }
 
 
-def _scrape(url: str) -> dict[str, float]:
+def _scrape(urls: list[str]) -> dict[str, float]:
+    """Every series summed over the servers (the workers behind a router)."""
     try:
-        return parse_metrics(httpx.get(url + "/metrics", timeout=10).text, prefix="sglang:")
+        return parse_metrics("\n".join(httpx.get(u + "/metrics", timeout=10).text for u in urls), prefix="sglang:")
     except httpx.HTTPError:
         return {}
 
 
-def _pins_left(url: str, wait_s: float = 10.0) -> float:
+def _pins_left(urls: list[str], wait_s: float = 10.0) -> float:
     """Pinned programs once the releases are handled (``/close_session`` is acknowledged first)."""
     deadline = time.monotonic() + wait_s
     while True:
-        left = _scrape(url).get("sglang:continuum_pinned_programs", 0.0)
+        left = _scrape(urls).get("sglang:continuum_pinned_programs", 0.0)
         if left == 0 or time.monotonic() > deadline:
             return left
         time.sleep(0.25)
 
 
-def run_fleet(url: str, tasks: list[AgentTask], args, label: str) -> dict:
-    before = _scrape(url)
+def run_fleet(url: str, tasks: list[AgentTask], args, label: str, metrics_urls: Optional[list[str]] = None) -> dict:
+    """Every task (x ``--repeat``) through ``url``; metrics from ``metrics_urls`` (default ``url``)."""
+    metrics_urls = metrics_urls or [url]
+    before = _scrape(metrics_urls)
     run_id = f"{label}-{int(time.time())}"
     with tempfile.TemporaryDirectory(prefix="continuum-agents-") as tmp:
         jobs = [(task, f"{run_id}-{task.name}-{k}") for k in range(args.repeat) for task in tasks]
@@ -303,8 +307,8 @@ def run_fleet(url: str, tasks: list[AgentTask], args, label: str) -> dict:
         with ThreadPoolExecutor(max_workers=args.concurrency) as pool:
             results = list(pool.map(one, jobs))
         makespan = time.monotonic() - t0
-    pins_left = _pins_left(url)
-    after = _scrape(url)
+    pins_left = _pins_left(metrics_urls)
+    after = _scrape(metrics_urls)
     delta = {k: after[k] - before.get(k, 0.0) for k in after if k.endswith("_total") and after[k] != before.get(k, 0.0)}
     summary = summarize(results, delta, pins_left) | {"makespan_s": makespan}
     return {"label": label, "url": url, "summary": summary, "tasks": [asdict(r) for r in results]}
@@ -364,6 +368,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     where.add_argument("--model", help="start one CPU server per --policies with this model")
     ap.add_argument("--policies", default="fcfs,continuum", help="with --model")
     ap.add_argument("--server-args", default="", help="extra flags for every server started, quoted")
+    ap.add_argument("--workers", type=int, default=1, help="with --model: this many workers behind smg")
+    ap.add_argument("--router-policy", default="consistent_hashing", choices=ROUTER_POLICIES)
     ap.add_argument("--tasks", type=Path, default=Path("workloads/tasks"))
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=1, help="run every task this many times")
@@ -395,6 +401,21 @@ def main(argv: Optional[list[str]] = None) -> int:
             if args.out is not None:
                 args.out.mkdir(parents=True, exist_ok=True)
                 log = args.out / f"server-{policy}.log"
+            if args.workers > 1:
+                logs = args.out / f"fleet-{policy}" if args.out is not None else None
+                if logs is not None:
+                    logs.mkdir(parents=True, exist_ok=True)
+                server_flags = ["--schedule-policy", policy, *flags]
+                if "--max-total-tokens" not in flags:  # SGLang sizes each pool from free memory: N would not fit
+                    server_flags += ["--max-total-tokens", "65536"]
+                if "--served-model-name" not in flags:  # smg routes by model name; one server takes any
+                    server_flags += ["--served-model-name", args.model_name]
+                with Fleet(
+                    args.model, server_flags, workers=args.workers, router_policy=args.router_policy, log_dir=logs
+                ) as fleet:
+                    label = f"{policy}@{args.router_policy}"
+                    runs.append(run_fleet(fleet.url, tasks, args, label, metrics_urls=fleet.worker_urls))
+                continue
             with SGLangServer(args.model, ["--schedule-policy", policy, *flags], log_path=log) as server:
                 runs.append(run_fleet(server.url, tasks, args, policy))
     if args.out is not None:

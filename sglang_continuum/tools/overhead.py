@@ -12,6 +12,11 @@ Measures, on this machine:
 3. one TTL decision of the cost model with 100, 10,000 and 100,000 samples;
 4. the out-of-vocabulary check on a request's token ids (1k ... 128k tokens).
 
+With ``--stats-exchange``, instead: what shared tool statistics add to a scheduler step (real zmq
+sockets on localhost, three live peers and a dead one).
+
+    continuum-overhead --stats-exchange --out docs/results/overhead-stats-exchange-cpu.json
+
     continuum-overhead --model .models/tiny-llama --out docs/results/overhead-cpu.json
 
 With ``--decode``, instead: what the whole plugin costs a decode-bound server, end to end. Live
@@ -201,6 +206,72 @@ def bench_expiry(sizes=(100, 1000, 10_000, 100_000)) -> list[dict]:
     return rows
 
 
+def bench_stats_exchange(peers: int = 3, samples_per_interval=(0, 10, 100)) -> dict:
+    """Shared tool statistics (``core/stats_exchange.py``) on a scheduler step: real zmq sockets
+    on localhost, ``peers`` publishers plus one dead endpoint. A step between exchange intervals
+    (the common case) and a step that exchanges: publishes 10 local samples and merges what the
+    peers sent since the last interval (``samples_per_interval`` each) into the tool windows."""
+    from sglang_continuum.core.clock import ManualClock
+    from sglang_continuum.core.controller import ContinuumController
+    from sglang_continuum.core.settings import ContinuumSettings
+    from sglang_continuum.core.stats_exchange import DURATION, StatsExchange
+    from sglang_continuum.tools.server import free_port
+
+    endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(peers + 2)]  # the last: nobody binds it
+    late_endpoint = f"tcp://127.0.0.1:{free_port()}"  # a worker that starts at the end
+    others = [StatsExchange(e, [late_endpoint], interval_s=0.0) for e in endpoints[1 : peers + 1]]
+    controller = ContinuumController(ContinuumSettings(), clock=ManualClock(), budget_tokens=1)
+    for i in range(10_000):  # full windows: merging pays the sorted insert of a warm server
+        controller.stats.record("bash", 0.1 + (i % 97) / 10)
+    exchange = StatsExchange(endpoints[0], endpoints[1:], interval_s=0.1)
+    controller.share_sample = exchange.record
+    rng = random.Random(0)
+    now = [0.0]
+
+    def step():
+        samples = exchange.poll(now[0])
+        if samples:
+            controller.merge_peer_samples(samples)
+
+    try:
+        time.sleep(0.5)  # zmq connects in the background
+        out = {"peers": peers, "dead_peers": 1, "window_samples": 10_000}
+        out["between_intervals"] = timeit(step, 5000)
+        rows = []
+        for k in samples_per_interval:
+
+            def interval():
+                for x in others:
+                    for _ in range(k):
+                        x.record(DURATION, "bash", rng.uniform(0.1, 10.0))
+                    x.poll(time.monotonic())
+                for _ in range(10):
+                    exchange.record(DURATION, "bash", rng.uniform(0.1, 10.0))
+                time.sleep(0.005)  # delivery
+                now[0] += 0.1
+
+            before = exchange.counters.received
+            r = timeit(step, 100, setup=interval)
+            rows.append({"samples_per_peer": k, "exchanging_step": r, "merged": exchange.counters.received - before})
+        out["exchanging"] = rows
+        # a worker that starts now: how long until it holds a peer's whole recent history
+        history = min(min(o.counters.sent for o in others), 1024)  # a history holds the last 1024
+        t0 = time.monotonic()
+        late = StatsExchange(late_endpoint, endpoints[1 : peers + 1], interval_s=0.1)
+        got = 0
+        while got < history * peers and time.monotonic() - t0 < 10:
+            for x in others:
+                x.poll(time.monotonic())
+            got += len(late.poll(time.monotonic()))
+            time.sleep(0.002)
+        out["late_join"] = {"samples": got, "expected": history * peers, "warm_s": time.monotonic() - t0}
+        others.append(late)  # closed with the rest
+        return out
+    finally:
+        for x in (exchange, *others):
+            x.close()
+
+
 def bench_ttl_decision(sizes=(100, 10_000, 100_000)) -> list[dict]:
     import numpy as np
 
@@ -297,8 +368,28 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=Path("docs/results/overhead-cpu.json"))
     ap.add_argument("--decode", action="store_true", help="only the end-to-end decode A/B on live servers")
     ap.add_argument("--servers", type=int, default=6, help="--decode: server pairs (fcfs + continuum)")
+    ap.add_argument("--stats-exchange", action="store_true", help="only shared tool statistics' cost per step")
     args = ap.parse_args(argv)
     machine = {"cpu_count": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
+    if args.stats_exchange:
+        report = {"machine": machine, "stats_exchange": bench_stats_exchange()}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2))
+        x = report["stats_exchange"]
+        print(
+            f"shared tool statistics, {x['peers']} live peers + {x['dead_peers']} dead: a step between intervals "
+            f"{x['between_intervals']['median_us']:.2f} us median ({x['between_intervals']['p90_us']:.2f} p90)"
+        )
+        for r in x["exchanging"]:
+            print(
+                f"  exchanging step, {r['samples_per_peer']:>3} samples per peer: "
+                f"{r['exchanging_step']['median_us']:8.1f} us median, {r['exchanging_step']['p90_us']:8.1f} us p90 "
+                f"({r['merged']} merged in {r['exchanging_step']['n']} steps)"
+            )
+        lj = x["late_join"]
+        print(f"  a worker starting late held {lj['samples']}/{lj['expected']} peer samples after {lj['warm_s']:.2f} s")
+        print(f"report: {args.out}")
+        return 0
     if args.decode:
         report = {"machine": machine, "decode": bench_decode(args.model, args.servers, 4, 4, 400)}
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,8 @@ def test_hicache_policies_get_the_host_tier_flags_and_cpu_io_backend():
 
 def test_each_policy_is_compared_with_fcfs_on_the_same_cache_tiers():
     assert baseline_of("continuum") == "fcfs" and baseline_of("continuum+hicache") == "fcfs+hicache"
+    assert baseline_of("continuum@round_robin") == "fcfs@round_robin"
+    assert baseline_of("continuum+hicache@cache_aware") == "fcfs+hicache@cache_aware"
     rows = [
         {"policy": p, "jps": 1.0, "jct_mean_s": m, "jct_p95_s": 2 * m}
         for p, m in [("fcfs", 10.0), ("continuum", 8.0), ("fcfs+hicache", 6.0), ("continuum+hicache", 4.0)]

@@ -314,3 +314,30 @@ def test_return_outcomes_survive_a_warm_start(tmp_path):
     fresh, _ = make(ttl_model="cost")
     assert load_stats(fresh, path)
     assert fresh.stats.return_probability("deploy") == c.stats.return_probability("deploy") == 0.5
+
+
+def test_programs_count_as_affine_only_when_every_turn_arrived_here():
+    c, _ = make()
+    for step in (1, 2, 3):  # all three turns here
+        c.turn_arrived(ProgramMeta("whole", step == 3, None, step))
+        c.turn_finished(ProgramMeta("whole", step == 3, None, step), context_tokens=10, handle=None)
+    c.turn_arrived(ProgramMeta("late", False, None, 2))  # turn 1 went to another worker
+    c.turn_finished(ProgramMeta("late", False, None, 2), context_tokens=10, handle=None)
+    c.turn_arrived(ProgramMeta("late", True, None, 3))
+    c.turn_finished(ProgramMeta("late", True, None, 3), context_tokens=10, handle=None)
+    c.turn_arrived(ProgramMeta("gap", False, None, 1))  # turn 2 went elsewhere
+    c.turn_arrived(ProgramMeta("gap", True, None, 3))
+    c.turn_finished(ProgramMeta("gap", True, None, 3), context_tokens=10, handle=None)
+    c.turn_arrived(turn("nostep", last=True))  # no step numbers: counted as neither
+    c.turn_finished(turn("nostep", last=True), context_tokens=10, handle=None)
+    pc = c.program_counters
+    assert (pc.seen, pc.affine, pc.split) == (4, 1, 2)
+
+
+def test_affine_slot_is_stable_and_spreads():
+    from sglang_continuum.core.programs import affine_slot
+
+    slots = [affine_slot(f"prog-{i}", 4) for i in range(400)]
+    assert slots == [affine_slot(f"prog-{i}", 4) for i in range(400)]
+    assert set(slots) == {0, 1, 2, 3} and max(slots.count(s) for s in range(4)) < 140
+    assert affine_slot("x", 1) == 0

@@ -57,3 +57,13 @@ def test_program_ids_with_control_characters_are_rejected_not_logged_raw(pid):
     assert meta == NO_PROGRAM  # served as under fcfs
     assert problems and problems[0][0] is None
     assert "\n" not in problems[0][1] and "\x1b" not in problems[0][1] and "\x00" not in problems[0][1]
+
+
+def test_step_is_read_and_a_bad_one_is_reported_not_fatal():
+    assert parse_program_meta({"program_id": "p", "step": 3}).step == 3
+    assert parse_program_meta({"program_id": "p", "step": "2"}).step == 2
+    problems = []
+    for bad in (0, -1, "two", True, 1.5):
+        meta = parse_program_meta({"program_id": "p", "step": bad}, report=lambda pid, why: problems.append(why))
+        assert meta.program_id == "p" and meta.step is None
+    assert len(problems) == 5

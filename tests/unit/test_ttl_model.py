@@ -157,3 +157,23 @@ def test_bernstein_bound_and_fallbacks():
     for _ in range(10):
         b.observe_program_end(10)
     assert b.ttl(TTLQuery("x", 1)) == pytest.approx(4.0 / b.bound(w) * (1 + 0.1 * 10))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(1, 12),
+    st.lists(st.lists(st.sampled_from([0.0, 0.5, 1.0, 1.0, 2.0, 3.5, 7.0]), max_size=20), max_size=6),
+)
+def test_batch_extend_equals_adding_one_by_one(capacity, batches):
+    """Peers' samples are merged a batch at a time; the window must end exactly as if each had
+    been added alone (duplicates included: equal old values are deleted one copy each)."""
+    batched, single = SampleWindow(capacity), SampleWindow(capacity)
+    for batch in batches:
+        batched.extend(batch)
+        for x in batch:
+            single.add(x)
+        batched.check_integrity()
+        assert batched.samples() == single.samples()
+        assert batched.sorted.tolist() == single.sorted.tolist()
+        assert batched.mean == pytest.approx(single.mean, nan_ok=True)
+        assert batched.variance == pytest.approx(single.variance, abs=1e-9)

@@ -1,0 +1,195 @@
+"""Tool statistics shared over real zmq sockets (tcp on localhost): samples recorded on one worker's
+controller change another's TTL decision; late peers get warm; dead peers cost nothing."""
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import zmq
+
+from sglang_continuum.core.clock import ManualClock
+from sglang_continuum.core.controller import ContinuumController
+from sglang_continuum.core.metadata import ProgramMeta
+from sglang_continuum.core.settings import ContinuumSettings
+from sglang_continuum.core.stats_exchange import DURATION, StatsExchange
+from sglang_continuum.core.ttl import TTLQuery
+from sglang_continuum.tools.server import free_port
+
+DEADLINE_S = 20.0  # generous: only reached when the behaviour under test is broken
+
+
+def endpoint() -> str:
+    return f"tcp://127.0.0.1:{free_port()}"
+
+
+def worker(publish, peers, **kw):
+    settings = ContinuumSettings(cold_start_k=20)
+    controller = ContinuumController(settings, clock=ManualClock(), budget_tokens=100_000)
+    exchange = StatsExchange(publish, peers, interval_s=0.0, **kw)
+    controller.share_sample = exchange.record
+    return controller, exchange
+
+
+def pump(pairs, until, deadline_s=DEADLINE_S):
+    """Poll every (controller, exchange) until ``until()`` holds; False at the deadline."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        for controller, exchange in pairs:
+            controller.merge_peer_samples(exchange.poll(time.monotonic()))
+        if until():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def run_program(controller, pid, tool, tool_s):
+    """One program: turn 1 finishes, the tool takes ``tool_s``, turn 2 arrives (a sample)."""
+    controller.turn_arrived(ProgramMeta(pid))
+    controller.turn_finished(ProgramMeta(pid, tool_name=tool), context_tokens=500, handle=None)
+    controller.clock.advance(tool_s)
+    controller.turn_arrived(ProgramMeta(pid, is_last_step=True))
+
+
+def samples(controller, tool):
+    window = controller.stats.tool(tool)
+    return sorted(window.samples()) if window is not None else []
+
+
+@pytest.fixture
+def closing():
+    made = []
+    yield made.append
+    for exchange in made:
+        exchange.close()
+
+
+def test_samples_recorded_on_a_change_the_ttl_on_b(closing):
+    ea, eb = endpoint(), endpoint()
+    a, xa = worker(ea, [ea, eb])  # every worker may be given the same list, itself included
+    b, xb = worker(eb, [ea, eb])
+    closing(xa), closing(xb)
+    query = TTLQuery("pytest", 50_000)
+    before = b.ttl_model.decide(query)
+    for i in range(40):
+        run_program(a, f"p{i}", "pytest", 0.01 * (i + 1))
+    assert pump([(a, xa), (b, xb)], lambda: len(samples(b, "pytest")) == 40)
+    assert samples(b, "pytest") == samples(a, "pytest")  # each sample merged exactly once
+    assert b.stats.return_probability("pytest") == a.stats.return_probability("pytest")
+    after = b.ttl_model.decide(query)
+    assert before.source == "cold" and after.source == "tool" and after.samples == 40
+    assert after == a.ttl_model.decide(query) and after.ttl > 0 and after.ttl != before.ttl
+    assert xa.counters.sent == 80 and xb.counters.received == 80  # 40 durations + 40 outcomes
+    assert samples(a, "pytest") and xb.counters.sent == 0  # B recorded nothing, so it shared nothing
+    xa.check_integrity(), xb.check_integrity()
+
+
+def test_a_late_peer_gets_the_history_and_nobody_counts_it_twice(closing):
+    ea, eb, ec = endpoint(), endpoint(), endpoint()
+    everyone = [ea, eb, ec]
+    a, xa = worker(ea, everyone)
+    b, xb = worker(eb, everyone)
+    closing(xa), closing(xb)
+    for i in range(10):
+        run_program(a, f"p{i}", "grep", 2.0)
+    assert pump([(a, xa), (b, xb)], lambda: len(samples(b, "grep")) == 10)
+    c, xc = worker(ec, everyone)  # starts after the samples were recorded
+    closing(xc)
+    assert pump([(a, xa), (b, xb), (c, xc)], lambda: len(samples(c, "grep")) == 10)
+    pump([(a, xa), (b, xb), (c, xc)], lambda: False, deadline_s=1.0)  # A's history re-send reaches B too
+    assert len(samples(b, "grep")) == 10 and len(samples(c, "grep")) == 10
+    assert xa.peers_alive(time.monotonic()) == 2
+
+
+def test_a_killed_peer_does_not_stall_the_others(closing):
+    ea, eb, ec = endpoint(), endpoint(), endpoint()
+    script = textwrap.dedent(
+        f"""
+        import sys, time
+        from sglang_continuum.core.stats_exchange import StatsExchange
+        x = StatsExchange({ea!r}, [{eb!r}], interval_s=0.0)
+        print("up", flush=True)
+        while True:
+            x.record("d", "dead-tool", 1.0)
+            x.poll(time.monotonic())
+            time.sleep(0.01)
+        """
+    )
+    peer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    try:
+        assert peer.stdout.readline().strip() == b"up"
+        b, xb = worker(eb, [ea, ec])
+        c, xc = worker(ec, [eb])
+        closing(xb), closing(xc)
+        assert pump([(b, xb), (c, xc)], lambda: len(samples(b, "dead-tool")) > 0)
+    finally:
+        peer.kill()
+        peer.wait()
+    pump([(b, xb), (c, xc)], lambda: False, deadline_s=0.5)  # what was already queued before the kill
+    seen = len(samples(b, "dead-tool"))
+    for i in range(5):
+        run_program(b, f"q{i}", "make", 3.0)
+    # B keeps polling a dead endpoint and its live peer still gets everything B records
+    assert pump([(b, xb), (c, xc)], lambda: len(samples(c, "make")) == 5)
+    assert len(samples(b, "dead-tool")) == seen
+
+
+def test_bounded_outbox_and_malformed_messages(closing):
+    ea, eb = endpoint(), endpoint()
+    x = StatsExchange(ea, [eb], interval_s=0.0, max_outbox=4)
+    closing(x)
+    for _ in range(6):
+        x.record(DURATION, "t", 1.0)
+    assert x.counters.dropped == 2
+    ctx = zmq.Context.instance()
+    rogue = ctx.socket(zmq.PUB)
+    rogue.bind(eb)
+    try:
+        bad = [b"not json", b'{"o": 1, "s": []}', b'{"o": "r", "s": [[1, "d", "t", -1], [2, "x", "t", 1], "y"]}']
+        good = b'{"o": "r", "s": [[3, "d", "t", 2.5]]}'
+        got = []
+
+        def until():
+            for msg in (*bad, good):
+                rogue.send(msg)
+            got.extend(x.poll(time.monotonic()))
+            return bool(got)
+
+        end = time.monotonic() + DEADLINE_S
+        while not until() and time.monotonic() < end:
+            time.sleep(0.02)
+        assert got[0] == (DURATION, "t", 2.5) and x.counters.malformed >= 5
+        x.check_integrity()
+    finally:
+        rogue.close(linger=0)
+
+
+def test_settings_read_endpoint_lists_and_refuse_bad_ones():
+    s = ContinuumSettings.load({"SGLANG_CONTINUUM_STATS_PEER_ENDPOINTS": "tcp://a:1, ipc:///tmp/x"})
+    assert s.stats_peer_endpoints == ("tcp://a:1", "ipc:///tmp/x")
+    with pytest.raises(ValueError, match="must start with"):
+        ContinuumSettings.load({"SGLANG_CONTINUUM_STATS_PUBLISH_ENDPOINT": "localhost:5701"})
+
+
+def test_a_burst_is_merged_a_bounded_slice_per_poll(closing):
+    ea, eb = endpoint(), endpoint()
+    a, xa = worker(ea, [eb])
+    closing(xa)
+    for i in range(200):
+        run_program(a, f"p{i}", "ls", 0.5)  # 400 samples in A's history before B exists
+    b, xb = worker(eb, [ea], max_merge_per_poll=64)
+    closing(xb)
+    sizes = []
+
+    def merged_all():
+        a.merge_peer_samples(xa.poll(time.monotonic()))
+        got = xb.poll(time.monotonic())
+        sizes.append(len(got))
+        b.merge_peer_samples(got)
+        return len(samples(b, "ls")) == 200
+
+    end = time.monotonic() + DEADLINE_S
+    while not merged_all() and time.monotonic() < end:
+        time.sleep(0.01)
+    assert len(samples(b, "ls")) == 200 and max(sizes) == 64 and sum(sizes) == 400
