@@ -130,21 +130,17 @@ class ToolStats:
         self._outcomes: OrderedDict[str, deque[bool]] = OrderedDict()  # True: came back
 
     def record(self, tool: Optional[str], seconds: float) -> None:
-        tool = tool or UNKNOWN_TOOL
-        w = self._tools.get(tool)
-        if w is None:
-            w = self._tools[tool] = SampleWindow(self.window)
-            while len(self._tools) > self.max_tools:
-                self._tools.popitem(last=False)
-        else:
-            self._tools.move_to_end(tool)
-        w.add(seconds)
+        self._window(tool).add(seconds)
         self.global_samples.add(seconds)
 
     def record_many(self, tool: Optional[str], seconds: list[float]) -> None:
         """``record`` for a batch of one tool's samples (in order), in one pass per window."""
-        if not seconds:
-            return
+        if seconds:
+            self._window(tool).extend(seconds)
+            self.global_samples.extend(seconds)
+
+    def _window(self, tool: Optional[str]) -> SampleWindow:
+        """The tool's window, made if new (the least recently used tool leaves past ``max_tools``)."""
         tool = tool or UNKNOWN_TOOL
         w = self._tools.get(tool)
         if w is None:
@@ -153,8 +149,7 @@ class ToolStats:
                 self._tools.popitem(last=False)
         else:
             self._tools.move_to_end(tool)
-        w.extend(seconds)
-        self.global_samples.extend(seconds)
+        return w
 
     def record_outcome(self, tool: Optional[str], returned: bool) -> None:
         """A program that called ``tool`` came back (True) or ended while out on it (False)."""
