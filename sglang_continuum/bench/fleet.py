@@ -55,7 +55,7 @@ class SmgRouter:
         *,
         extra_args: Sequence[str] = (),
         log_path: Optional[Path] = None,
-        startup_timeout_s: float = 60.0,
+        startup_timeout_s: float = 180.0,
         cpus: Optional[set[int]] = None,
     ) -> None:
         if policy not in ROUTER_POLICIES:
@@ -80,6 +80,12 @@ class SmgRouter:
             "warn",
             "--request-timeout-secs",
             "1800",
+            # the workers are up before smg starts: register them at once, not at smg's 30 s
+            # re-check, and give a busy CPU worker longer than 5 s to answer a health probe
+            "--worker-startup-check-interval",
+            "1",
+            "--health-check-timeout-secs",
+            "30",
             *extra_args,
         ]
         self.log_path = log_path
@@ -102,18 +108,22 @@ class SmgRouter:
             if log is not subprocess.DEVNULL:
                 log.close()
         deadline = time.monotonic() + self.startup_timeout_s
+        last = "no answer"
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"smg exited with {self.proc.returncode}; see {self.log_path}")
             try:  # /health answers at once; /readiness once smg has registered every worker
                 ready = httpx.get(self.url + "/readiness", timeout=2)
+                last = f"{ready.status_code} {ready.text[:200]}"
                 if ready.status_code == 200 and ready.json().get("healthy_workers") == self.workers:
                     return self
-            except (httpx.HTTPError, ValueError):
-                pass
+            except (httpx.HTTPError, ValueError) as exc:
+                last = repr(exc)[:200]
             time.sleep(0.5)
         self.stop()
-        raise TimeoutError(f"smg not healthy after {self.startup_timeout_s}s; see {self.log_path}")
+        raise TimeoutError(
+            f"smg not ready after {self.startup_timeout_s}s (last /readiness: {last}); see {self.log_path}"
+        )
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
