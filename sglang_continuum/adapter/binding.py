@@ -76,10 +76,11 @@ class Admission:
         self.cache = cache
         self.blocked = None
         self.shortfall = 0
+        self.candidate: Optional[int] = None  # the shortfall SGLang's selection just refused
         self._classes: dict[type, type] = {}
 
     def reset(self) -> None:
-        self.blocked, self.shortfall = None, 0
+        self.blocked, self.shortfall, self.candidate = None, 0, None
 
     def adder_class(self, base: type[PrefillAdder]) -> type[PrefillAdder]:
         cls = self._classes.get(base)
@@ -94,16 +95,29 @@ class Admission:
             def add_one_req(self, req, has_chunked_req, truncation_align_size):
                 if admission.hold_back(self, req):
                     return AddReqResult.CONTINUE  # skipped; later turns may still be admitted
+                admission.candidate = None
                 result = super().add_one_req(req, has_chunked_req, truncation_align_size)
                 if result is AddReqResult.NO_TOKEN and admission.blocked is None:
-                    need = (
-                        len(req.full_untruncated_fill_ids)
-                        - req.prefix_len
-                        + self.per_req_token_overhead
-                        + min(max(req.sampling_params.max_new_tokens - len(req.output_ids), 0), CLIP_MAX_NEW_TOKENS)
-                    )
                     admission.blocked = req
-                    admission.shortfall = max(1, int(need - self.memory_budget.remaining_total))
+                    if admission.candidate is not None:  # measured while SGLang held the prefix lock
+                        admission.shortfall = admission.candidate
+                    else:
+                        need = (
+                            len(req.full_untruncated_fill_ids)
+                            - req.prefix_len
+                            + self.per_req_token_overhead
+                            + min(max(req.sampling_params.max_new_tokens - len(req.output_ids), 0), CLIP_MAX_NEW_TOKENS)
+                        )
+                        admission.shortfall = max(1, int(need - self.memory_budget.remaining_total))
+                return result
+
+            def _select_prefill_admission(self, req, *, total_tokens, **kwargs):
+                # Runs inside add_one_req's ``_lock_node(req.last_node)``: the turn's own cached
+                # prefix is out of the evictable budget here, as SGLang counted it. Read after
+                # the lock is gone, the shortfall would be short by that prefix.
+                result = super()._select_prefill_admission(req, total_tokens=total_tokens, **kwargs)
+                if result is AddReqResult.NO_TOKEN:
+                    admission.candidate = max(1, int(total_tokens - self.memory_budget.remaining_total) + 1)  # needs <
                 return result
 
         ContinuumPrefillAdder.__name__ = f"Continuum{base.__name__}"
@@ -123,6 +137,13 @@ class Admission:
 
 
 def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
+    if scheduler.enable_priority_scheduling:
+        # SGLang's priority path re-sorts the waiting queue by (priority, arrival) inside the
+        # policy's calc_priority, under the incrementally kept program order
+        raise RuntimeError(
+            "--schedule-policy continuum does not support --enable-priority-scheduling: Continuum orders "
+            "the waiting queue itself (pinned turns, then program arrival). Drop the flag, or use another policy."
+        )
     cache = scheduler.tree_cache
     if not isinstance(cache, ContinuumRadixCache):
         raise RuntimeError(
@@ -155,6 +176,7 @@ def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
                     waiting_programs.add(tag.meta.program_id)
         return pid in waiting_programs
 
+    cache.program_waiting = program_waiting
     add_request = scheduler._add_request_to_queue
     next_batch = scheduler.get_next_batch_to_run
     new_prefill = scheduler.get_new_batch_prefill
@@ -164,7 +186,7 @@ def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
     def _add_request_to_queue(req, is_retracted: bool = False):
         add_request(req, is_retracted=is_retracted)
         if not is_retracted and get_tag(req) is None:
-            cache.tag_request(req)
+            cache.tag_request(req, waiting_ahead=len(scheduler.waiting_queue) - 1)
         policy.requeued(req)
 
     def get_prefill_adder_class():
@@ -179,8 +201,17 @@ def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
                 break
             tag = get_tag(blocked)
             idle = plan.batch_to_run is None and plan.running_batch.is_empty()
-            overdue = tag is not None and controller.is_overdue(tag, cache.step_clock())
-            if not cache.shed_for(tag, tokens=admission.shortfall, any_rank=idle or overdue):
+            if idle:
+                reason = "idle"
+            elif (
+                cache.settings.overdue_sheds_any_pin
+                and tag is not None
+                and controller.is_overdue(tag, cache.step_clock())
+            ):
+                reason = "overdue"  # ablation: the old 3 s bound's rule
+            else:
+                reason = "admission"
+            if not cache.shed_for(tag, tokens=admission.shortfall, reason=reason, program_waiting=program_waiting):
                 break
             plan.running_batch.batch_is_full = False  # memory came back: admission is open again
             if plan.batch_to_run is not None:
@@ -231,10 +262,11 @@ def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
     policy.admission = admission  # read by tests: the last selection's blocked turn
     _save_stats_on_sigterm(cache)
     logger.info(
-        "continuum: active (ttl_model=%s, pin budget=%d tokens, max queue wait %.0fs, admission control %s)",
+        "continuum: active (ttl_model=%s, pin budget=%d tokens, overdue after %d overtakes%s, admission control %s)",
         cache.settings.ttl_model,
         controller.pins.budget_tokens,
-        cache.settings.max_queue_wait_s,
+        cache.settings.max_overtakes,
+        f" or {cache.settings.max_queue_wait_s:g}s" if cache.settings.max_queue_wait_s > 0 else "",
         "on" if cache.settings.admission_control else "off",
     )
     return policy

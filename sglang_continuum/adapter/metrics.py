@@ -72,6 +72,7 @@ class ContinuumMetrics:
             "counters": controller.counters,
             "host": controller.host_counters,
             "admission": controller.admission,
+            "sheds": controller.sheds,
             "programs": controller.program_counters,
             "saver": saver,
             "exchange": exchange.counters if exchange is not None else None,

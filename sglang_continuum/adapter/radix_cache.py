@@ -58,6 +58,8 @@ class ContinuumRadixCache(UnifiedRadixCache):
         self.controller: Optional[ContinuumController] = None  # reset() runs inside super().__init__
         self.host_tier: Optional[HostTier] = None  # set by init_hicache
         self._may_shed = True  # False while a predictive reload allocates: it must not cost a pin
+        # whether a program has a turn in the waiting queue (set by the binding; None: unknown)
+        self.program_waiting: Optional[Callable[[str], bool]] = None
         super().__init__(params)
         self.settings = settings or ContinuumSettings.load()
         # SGLang builds this class as cache_class(params): the clock comes from the seam
@@ -151,11 +153,13 @@ class ContinuumRadixCache(UnifiedRadixCache):
         )
 
     # -- request lifecycle ---------------------------------------------------------------
-    def tag_request(self, req: Req) -> TurnTag:
-        """A turn arrived (entered the waiting queue for the first time)."""
+    def tag_request(self, req: Req, *, waiting_ahead: int = 0) -> TurnTag:
+        """A turn arrived (entered the waiting queue for the first time, behind ``waiting_ahead``
+        requests)."""
         tag = get_tag(req)
         if tag is None:
-            tag = self.controller.turn_arrived(read_program_meta(req, self.report_malformed))
+            meta = read_program_meta(req, self.report_malformed)
+            tag = self.controller.turn_arrived(meta, waiting_ahead=waiting_ahead)
             set_tag(req, tag)
         return tag
 
@@ -171,6 +175,7 @@ class ContinuumRadixCache(UnifiedRadixCache):
         elif req.finished():  # aborted
             self.abort_turn(tag.meta)
         else:  # retracted: it will queue again; its pin (if any) must not hold memory meanwhile
+            self.controller.turn_requeued(tag)
             self._release(self.controller.turn_retracted(tag.meta))
 
     def finish_turn(self, meta: ProgramMeta, node, tokens: int, tool: Optional[str]) -> Optional[Pin]:
@@ -255,15 +260,28 @@ class ContinuumRadixCache(UnifiedRadixCache):
             oldest_wait_s=self._oldest_wait,
         )
 
-    def shed_for(self, tag: Optional[TurnTag], *, tokens: int, any_rank: bool = False) -> int:
+    def shed_for(
+        self,
+        tag: Optional[TurnTag],
+        *,
+        tokens: int,
+        reason: str = "admission",
+        program_waiting: Optional[Callable[[str], bool]] = None,
+    ) -> int:
         """Shed pins (latest program first) worth at least ``tokens`` for the blocked turn
-        ``tag``: only pins of programs ranked after it, unless ``any_rank`` (the engine would
-        otherwise idle, or the turn is overdue). Never the turn's own program's pin."""
+        ``tag``. ``reason`` "admission": only pins of programs ranked after it; "idle" (the
+        engine would otherwise idle: the paper's deadlock rule) and "overdue" (ablation): any
+        rank. Never the turn's own program's pin, and never a pin whose program's next turn is
+        already waiting (``program_waiting``: shedding it throws away a certain hit) -- except on
+        the idle path once nothing else is left."""
         keep = tag.meta.program_id if tag is not None else None
-        after = None if any_rank or tag is None else tag.program_rank
+        after = tag.program_rank if reason == "admission" and tag is not None else None
+        spare = None if self.settings.shed_waiting_pins else program_waiting
         shed = 0
         while shed < max(1, tokens):
-            pin = self.controller.shed(ranked_after=after, keep=keep)
+            pin = self.controller.shed(reason, ranked_after=after, keep=keep, spare_waiting=spare)
+            if pin is None and spare is not None and reason == "idle":
+                pin = self.controller.shed(reason, ranked_after=after, keep=keep)
             if pin is None:
                 break
             self.controller.admission.admission_sheds += 1
@@ -303,9 +321,12 @@ class ContinuumRadixCache(UnifiedRadixCache):
                 return allocation_reclaim_satisfied()
             return allocator.available_size() >= target
 
-        # An allocation that cannot be served must never wait on a pin: shed, then evict again.
+        # An allocation that cannot be served must never wait on a pin: shed (pins whose next turn
+        # is not waiting first), then evict again.
         while not satisfied():
-            pin = self.controller.shed()
+            pin = self.controller.shed("alloc", spare_waiting=self.program_waiting)
+            if pin is None:
+                pin = self.controller.shed("alloc")
             if pin is None:
                 break
             self._release([pin], offload=True, sync=True)

@@ -10,7 +10,8 @@ placed with (stored on the request), and a step does only:
 * arrivals: the tail of requests without a placed key, each inserted by bisection;
 * pin changes: the requests of the programs whose pin changed since the last step (the pin
   table's change log; an index program -> placed requests), moved;
-* overdue: requests whose bound passed (a heap by due time), moved.
+* overdue: requests whose bound passed, moved: a heap by the admission count at which they are
+  overtaken ``max_overtakes`` times, and one by due time for the optional absolute ceiling.
 
 A request is found in the queue by bisecting on its placed key (keys are unique: they end in the
 request's arrival rank), so a request that has left is simply not found. Anything not known
@@ -73,6 +74,7 @@ class ContinuumSchedulePolicy(SchedulePolicy):
         self._by_program: dict[str, list[Req]] = {}  # placed requests per program (lazily pruned)
         self._indexed = 0
         self._due: list[tuple[float, int, Req]] = []  # (overdue at, request rank, request)
+        self._due_admitted: list[tuple[int, int, Req]] = []  # (overdue after N admissions, rank, request)
         self._steps = 0
         self.sorts = 0  # full sorts (a benchmark and test figure)
         self.moves = 0  # incremental insertions and moves
@@ -128,9 +130,13 @@ class ContinuumSchedulePolicy(SchedulePolicy):
             due = self._due
             while due and due[0][0] <= now:
                 self._move(queue, (heapq.heappop(due)[2],), now)
+            due_admitted, admitted = self._due_admitted, controller.admission.admitted
+            while due_admitted and due_admitted[0][0] <= admitted:
+                self._move(queue, (heapq.heappop(due_admitted)[2],), now)
             for req in arrivals:
                 self._insert(queue, req, now)
-            if self._indexed > 2 * len(queue) + 64 or len(due) > 2 * len(queue) + 64:
+            limit = 2 * len(queue) + 64
+            if self._indexed > limit or len(due) > limit or len(due_admitted) > limit:
                 self._reindex(queue)
         if self.verify:
             self.check_order(queue, now)
@@ -163,9 +169,13 @@ class ContinuumSchedulePolicy(SchedulePolicy):
         key = self._key(req, now)
         setattr(req, KEY_ATTR, key)
         tag = get_tag(req)
-        due = self.continuum_cache.controller.overdue_at(tag)
+        controller = self.continuum_cache.controller
+        due = controller.overdue_at(tag)
         if due is not None and due > now:
             heapq.heappush(self._due, (due, tag.request_rank, req))
+        after = controller.overdue_after(tag)
+        if after is not None and after > controller.admission.admitted:
+            heapq.heappush(self._due_admitted, (after, tag.request_rank, req))
         return key
 
     def _insert(self, queue: List[Req], req: Req, now: float) -> None:
@@ -203,6 +213,7 @@ class ContinuumSchedulePolicy(SchedulePolicy):
 
     def _sort_all(self, queue: List[Req], now: float) -> None:
         self._due.clear()
+        self._due_admitted.clear()
         for req in queue:
             self._place(req, now)
         queue.sort(key=_placed_key)
@@ -217,17 +228,26 @@ class ContinuumSchedulePolicy(SchedulePolicy):
             if pid is not None:
                 self._by_program.setdefault(pid, []).append(req)
         self._indexed = sum(map(len, self._by_program.values()))
-        if len(self._due) > len(queue):  # drop entries of requests that left, and duplicates
-            waiting = {id(r) for r in queue}
-            kept = {}
-            for entry in self._due:
-                if id(entry[2]) in waiting:
-                    kept.setdefault(id(entry[2]), entry)
-            self._due = list(kept.values())
-            heapq.heapify(self._due)
+        self._due = self._pruned(self._due, queue)
+        self._due_admitted = self._pruned(self._due_admitted, queue)
+
+    @staticmethod
+    def _pruned(heap: list, queue: List[Req]) -> list:
+        """Drop entries of requests that left, and duplicates."""
+        if len(heap) <= len(queue):
+            return heap
+        waiting = {id(r) for r in queue}
+        kept = {}
+        for entry in heap:
+            if id(entry[2]) in waiting:
+                kept.setdefault(id(entry[2]), entry)
+        heap = list(kept.values())
+        heapq.heapify(heap)
+        return heap
 
     def _forget_all(self) -> None:
         self._programs_seen = False
         self._by_program.clear()
         self._indexed = 0
         self._due.clear()
+        self._due_admitted.clear()

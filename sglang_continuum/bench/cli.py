@@ -28,7 +28,10 @@ for agent workloads (all with fcfs scheduling):
 Continuum: ``continuum-ref`` (the public reference's fixed 2 s rule), ``continuum-fixed`` (fixed
 TTL), ``continuum`` (the cost model), its two ablations ``continuum-order-only`` (program-level
 FCFS, no pins: a zero pin budget) and ``continuum-pins-only`` (pins, requests in arrival order),
-and ``continuum-no-wait-bound`` (the paper's program-level FCFS: no ``max_queue_wait_s`` bound).
+and ``continuum-no-wait-bound`` (the paper's program-level FCFS: no starvation bound). Issue 22's
+decomposition of bounded waiting: ``continuum-3s`` (the 3 s bound shipped before, with its three
+consequences), ``-3s-rank-shed``, ``-3s-pinned-first``, ``-3s-no-bypass`` (each consequence off),
+``continuum-no-bound-no-ac``, ``continuum-order-only-no-bound``, ``continuum-3s-only``.
 Any policy with ``+hicache`` adds SGLang's host tier (``--enable-hierarchical-cache``) and is
 compared with ``fcfs+hicache``.
 
@@ -68,6 +71,16 @@ from sglang_continuum.bench.seeds import aggregate, collapsed_flags, headline, r
 from sglang_continuum.tools.server import SGLangServer
 from sglang_continuum.workloads.schema import load_workload
 
+NO_BOUND = {"SGLANG_CONTINUUM_MAX_OVERTAKES": "0", "SGLANG_CONTINUUM_MAX_QUEUE_WAIT_S": "0"}
+# the bounded waiting shipped until issue 22: overdue after 3 s, and then ahead of pinned turns,
+# free to shed any pin (waiting turns' included) and to pass admission control
+OLD_3S = {
+    "SGLANG_CONTINUUM_MAX_OVERTAKES": "0",
+    "SGLANG_CONTINUUM_MAX_QUEUE_WAIT_S": "3",
+    "SGLANG_CONTINUUM_OVERDUE_BEFORE_PINNED": "true",
+    "SGLANG_CONTINUUM_OVERDUE_SHEDS_ANY_PIN": "true",
+    "SGLANG_CONTINUUM_SHED_WAITING_PINS": "true",
+}
 POLICIES: dict[str, tuple[list[str], dict[str, str]]] = {
     "fcfs": (["--schedule-policy", "fcfs"], {}),
     "lpm": (["--schedule-policy", "lpm"], {}),
@@ -80,8 +93,36 @@ POLICIES: dict[str, tuple[list[str], dict[str, str]]] = {
     # ablations of the cost-model policy: program-level FCFS without pins, pins in request order
     "continuum-order-only": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_PIN_BUDGET_FRACTION": "0"}),
     "continuum-pins-only": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_PROGRAM_ORDER": "false"}),
-    # the paper's program-level FCFS without the starvation bound (max_queue_wait_s = 0)
-    "continuum-no-wait-bound": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_MAX_QUEUE_WAIT_S": "0"}),
+    # the paper's program-level FCFS without any starvation bound
+    "continuum-no-wait-bound": (["--schedule-policy", "continuum"], NO_BOUND),
+    "continuum-no-bound-no-ac": (
+        ["--schedule-policy", "continuum"],
+        {**NO_BOUND, "SGLANG_CONTINUUM_ADMISSION_CONTROL": "false"},
+    ),
+    "continuum-order-only-no-bound": (
+        ["--schedule-policy", "continuum"],
+        {**NO_BOUND, "SGLANG_CONTINUUM_PIN_BUDGET_FRACTION": "0"},
+    ),
+    # issue 22's decomposition: the bound shipped before (3 s, with its three consequences), then
+    # each consequence switched off in turn
+    "continuum-3s": (["--schedule-policy", "continuum"], OLD_3S),
+    "continuum-3s-rank-shed": (
+        ["--schedule-policy", "continuum"],
+        {**OLD_3S, "SGLANG_CONTINUUM_OVERDUE_SHEDS_ANY_PIN": "false", "SGLANG_CONTINUUM_SHED_WAITING_PINS": "false"},
+    ),
+    "continuum-3s-pinned-first": (
+        ["--schedule-policy", "continuum"],
+        {**OLD_3S, "SGLANG_CONTINUUM_OVERDUE_BEFORE_PINNED": "false"},
+    ),
+    "continuum-3s-no-bypass": (
+        ["--schedule-policy", "continuum"],
+        {**OLD_3S, "SGLANG_CONTINUUM_OVERDUE_ADMISSION_OVERCOMMIT": "1"},
+    ),
+    # the new bound's trigger in seconds instead of overtakes (everything else as shipped)
+    "continuum-3s-only": (
+        ["--schedule-policy", "continuum"],
+        {"SGLANG_CONTINUUM_MAX_OVERTAKES": "0", "SGLANG_CONTINUUM_MAX_QUEUE_WAIT_S": "3"},
+    ),
 }
 HICACHE_FLAGS = ["--enable-hierarchical-cache"]
 # CPU servers: the direct io backend with the layer-first host layout (the one the CPU shim's

@@ -18,6 +18,14 @@ PIN_SERIES = {
     "pins_created": series_name("counters.created"),
     "admission_sheds": series_name("admission.admission_sheds"),
     "held_back": series_name("admission.held_back"),
+    "overdue_admitted": series_name("admission.overdue_admitted"),
+    "admission_bypassed": series_name("admission.bypassed"),
+    "sheds_admission": series_name("sheds.admission"),
+    "sheds_idle": series_name("sheds.idle"),
+    "sheds_overdue": series_name("sheds.overdue"),
+    "sheds_alloc": series_name("sheds.alloc"),
+    "sheds_budget": series_name("sheds.budget"),
+    "sheds_while_waiting": series_name("sheds.while_waiting"),
     # HiCache: SGLang's own count of tokens loaded back from host, and Continuum's offloads
     "host_loaded_tokens": "sglang:load_back_tokens_total",
     "offloads": series_name("host.offloaded"),
@@ -66,6 +74,8 @@ def summarize(result: ReplayResult) -> dict:
         "cached_tokens": cached,
         "output_tokens": out_tokens,
         "wall_s": result.wall_s,
+        # time-averaged programs in the system (Little's law over the run: sum of JCTs / makespan)
+        "programs_in_system": float(jcts.sum()) / result.wall_s if result.wall_s and jcts.size else 0.0,
         **{k: after.get(v, 0.0) - before.get(v, 0.0) for k, v in PIN_SERIES.items()},
     }
 
@@ -87,6 +97,10 @@ COLUMNS = [
     ("pin_hits", "pin hits", "{:.0f}"),
     ("pin_expiries", "expiries", "{:.0f}"),
     ("pin_sheds", "sheds", "{:.0f}"),
+    ("sheds_while_waiting", "sheds w/ turn waiting", "{:.0f}"),
+    ("programs_in_system", "programs in system", "{:.1f}"),
+    ("overdue_admitted", "overdue", "{:.0f}"),
+    ("admission_bypassed", "bypassed AC", "{:.0f}"),
     ("host_loaded_tokens", "host-loaded tokens", "{:.0f}"),
     ("failed_requests", "failed", "{}"),
 ]

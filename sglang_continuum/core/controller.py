@@ -24,7 +24,7 @@ from sglang_continuum.core.clock import Clock
 from sglang_continuum.core.metadata import ProgramMeta
 from sglang_continuum.core.offload import ReloadCost, predicted_return
 from sglang_continuum.core.pins import Pin, PinTable, Tier
-from sglang_continuum.core.priority import OVERDUE, priority_key
+from sglang_continuum.core.priority import priority_key
 from sglang_continuum.core.programs import ProgramRegistry, ProgramState
 from sglang_continuum.core.settings import ContinuumSettings
 from sglang_continuum.core.stats_exchange import DURATION, OUTCOME, Sample
@@ -45,6 +45,28 @@ class TurnTag:
     arrival: float = 0.0
     returning_miss: bool = False  # a later turn whose program held no pin when it arrived
     held_back: bool = False  # admission control kept it waiting at least once
+    turn: int = 1  # its program's turns seen here so far, this one included (1 = first turn)
+    # Bounded waiting. ``queued_at``: when it (re-)entered the queue (a retraction restarts it).
+    # ``overtake_base``: admissions counted when it (re-)entered plus the requests already
+    # waiting then (those go first under FCFS too); admissions beyond that overtook it.
+    queued_at: float = 0.0
+    overtake_base: int = 0
+    bypassed: bool = False  # admitted past admission control because it was overdue
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionRecord:
+    """What happened to one request before it was admitted (the per-request view of bounded
+    waiting: which requests were slow and why)."""
+
+    program_id: Optional[str]
+    turn: int
+    wait_s: float  # from (re-)entering the queue to admission
+    overtaken: int  # requests that arrived after it and were admitted ahead of it (approximate)
+    overdue: bool  # it was overdue when admitted
+    held_back: bool  # admission control held it back at least once
+    bypassed: bool  # admitted past admission control because it was overdue
+    pin_hit: bool  # its program's pin held its prefix
 
 
 @dataclass(slots=True)
@@ -74,7 +96,27 @@ class HostCounters:
 @dataclass(slots=True)
 class AdmissionCounters:
     held_back: int = 0  # new programs' first turns kept waiting by admission control
-    admission_sheds: int = 0  # pins shed so that a blocked, higher-ranked turn could be admitted
+    admission_sheds: int = 0  # pins shed so that a blocked turn could be admitted (any rule)
+    admitted: int = 0  # requests admitted (the clock of the overtaking bound)
+    overdue_admitted: int = 0  # requests that were overdue when admitted
+    bypassed: int = 0  # overdue first turns admitted past admission control
+    bypass_refused: int = 0  # checks that kept an overdue first turn back: the overcommit limit was reached
+
+
+@dataclass(slots=True)
+class ShedCounters:
+    """Pins shed, by the rule that shed them (their sum is ``PinCounters.shed``)."""
+
+    admission: int = 0  # for a blocked turn, pins of programs ranked after it
+    idle: int = 0  # for a blocked turn, any pin: the engine would otherwise idle
+    overdue: int = 0  # for a blocked overdue turn, any pin (ablation overdue_sheds_any_pin only)
+    alloc: int = 0  # an allocation (prefill or decode) would otherwise fail
+    budget: int = 0  # a new pin of an earlier program needed the pin budget
+    while_waiting: int = 0  # ... of which the program's next turn was already waiting (a certain hit lost)
+    returned: int = 0  # programs whose pin was shed came back (the cost model's pin survival)
+
+
+SHED_REASONS = ("admission", "idle", "overdue", "alloc")
 
 
 @dataclass(slots=True)
@@ -141,6 +183,7 @@ class ContinuumController:
         self.host_pins = PinTable(0)  # empty budget until attach_host_tier
         self.host_counters = HostCounters()
         self.admission = AdmissionCounters()
+        self.sheds = ShedCounters()
         self.program_counters = ProgramCounters()
         self._terminal_tools = frozenset(settings.terminal_tools)
         self.reload_cost: Optional[ReloadCost] = None
@@ -150,6 +193,7 @@ class ContinuumController:
         self._rank = itertools.count(1)
         # each tool sample recorded here is also handed to this (a StatsExchange's record)
         self.share_sample: Optional[Callable[[str, str, float], None]] = None
+        self.last_admission: Optional[AdmissionRecord] = None  # the latest turn_admitted's record
 
     def attach_host_tier(self, *, reload: ReloadCost, host_budget_tokens: int, hold_cost: float) -> None:
         """HiCache is on: misses reload instead of recomputing, and host pins may hold
@@ -159,11 +203,13 @@ class ContinuumController:
         self.ttl_model.use_host_tier(reload, hold_cost)
 
     # -- events --------------------------------------------------------------------------
-    def turn_arrived(self, meta: ProgramMeta) -> TurnTag:
+    def turn_arrived(self, meta: ProgramMeta, *, waiting_ahead: int = 0) -> TurnTag:
+        """A turn entered the waiting queue behind ``waiting_ahead`` requests."""
         rank = next(self._rank)
         now = self.clock()
+        base = self.admission.admitted + max(0, waiting_ahead)
         if not meta.has_program:
-            return TurnTag(meta, rank, rank, now)
+            return TurnTag(meta, rank, rank, now, queued_at=now, overtake_base=base)
         state, ret = self.programs.turn_arrived(meta.program_id, now, rank)
         if state.turns_arrived == 1:
             state.first_step = meta.step
@@ -171,23 +217,51 @@ class ContinuumController:
         if ret is not None:
             self._record_tool_sample(DURATION, ret.tool, ret.seconds)  # TTL models read tool times from self.stats
             self._record_tool_sample(OUTCOME, ret.tool, 1.0)
+        if state.pin_shed:  # its pin was shed and it came back: a hit the shed cost
+            state.pin_shed = False
+            self.sheds.returned += 1
         miss = state.turns_arrived > 1 and meta.program_id not in self.pins
-        return TurnTag(meta, rank, state.arrival_rank, now, miss)
+        return TurnTag(
+            meta, rank, state.arrival_rank, now, miss, turn=state.turns_arrived, queued_at=now, overtake_base=base
+        )
+
+    def turn_requeued(self, tag: TurnTag, *, waiting_ahead: int = 0) -> None:
+        """A retracted turn is back in the queue: its wait starts again (time spent running is
+        not waiting)."""
+        tag.queued_at = self.clock()
+        tag.overtake_base = self.admission.admitted + max(0, waiting_ahead)
 
     def turn_admitted(self, tag: TurnTag, context_tokens: int) -> Optional[Pin]:
         """The turn was admitted and holds its own lock on its prefix: consume the program's pin
-        (a hit). A returning turn that had missed its prefix contributes its wait (arrival to
-        admission) to T."""
+        (a hit). A returning turn that missed its prefix (no pin when it arrived, or its pin was
+        shed while it waited) contributes its wait (arrival to admission) to T."""
+        now = self.clock()
+        overdue = self.is_overdue(tag, now)
+        self.last_admission = AdmissionRecord(
+            tag.meta.program_id,
+            tag.turn,
+            now - tag.queued_at,
+            max(0, self.admission.admitted - tag.overtake_base),
+            overdue,
+            tag.held_back,
+            tag.bypassed,
+            tag.meta.program_id is not None and tag.meta.program_id in self.pins,
+        )
+        self.admission.admitted += 1
+        self.admission.overdue_admitted += overdue
         if not tag.meta.has_program:
             return None
         pid = tag.meta.program_id
-        now = self.clock()
-        self.programs.turn_admitted(pid, now, context_tokens)
-        if tag.returning_miss:
+        state = self.programs.turn_admitted(pid, now, context_tokens)
+        lost = state is not None and state.pin_lost_waiting
+        if lost:
+            state.pin_lost_waiting = False
+        if tag.returning_miss or lost:
             self.ttl_model.observe_queue_delay(now - tag.arrival)
         pin = self.pins.pop(pid)
         if pin is not None:
             self.counters.hits += 1
+            self._update_survival()
             logger.debug("continuum: pin hit program=%s tokens=%d", pid, pin.tokens)
         return pin
 
@@ -243,7 +317,8 @@ class ContinuumController:
         else:
             self.counters.refused += 1
             logger.debug("continuum: program=%s pin refused (budget)", pid)
-        self.counters.shed += len(released)
+        for victim in released:  # pins of later programs pushed out of the budget
+            self._count_shed(victim, "budget")
         out.release.extend(released)
         return out
 
@@ -294,14 +369,45 @@ class ContinuumController:
         plan.reloads = self._due_reloads(now)
         return plan
 
-    def shed(self, *, ranked_after: Optional[int] = None, keep: Optional[str] = None) -> Optional[Pin]:
+    def shed(
+        self,
+        reason: str,
+        *,
+        ranked_after: Optional[int] = None,
+        keep: Optional[str] = None,
+        spare_waiting: Optional[Callable[[str], bool]] = None,
+    ) -> Optional[Pin]:
         """The one shed path: release the latest-arriving program's pin, optionally only one of a
-        program ranked after ``ranked_after`` and never ``keep``'s. None when there is none."""
-        pin = self.pins.pop_latest(ranked_after=ranked_after, keep=keep)
+        program ranked after ``ranked_after``, never ``keep``'s, and none whose program
+        ``spare_waiting`` says has a turn waiting. ``reason`` is one of ``SHED_REASONS`` (the
+        counter it goes to). None when there is none."""
+        assert reason in SHED_REASONS, reason
+        spare = None if spare_waiting is None else (lambda pin: spare_waiting(pin.program_id))
+        pin = self.pins.pop_latest(ranked_after=ranked_after, keep=keep, spare=spare)
         if pin is not None:
-            self.counters.shed += 1
-            logger.debug("continuum: shed pin program=%s tokens=%d", pin.program_id, pin.tokens)
+            self._count_shed(pin, reason)
+            logger.debug("continuum: shed pin program=%s tokens=%d (%s)", pin.program_id, pin.tokens, reason)
         return pin
+
+    def _count_shed(self, pin: Pin, reason: str) -> None:
+        self.counters.shed += 1
+        setattr(self.sheds, reason, getattr(self.sheds, reason) + 1)
+        state = self.programs.get(pin.program_id)
+        if state is None:
+            return
+        if state.in_flight > 0:  # its next turn is already waiting: that turn now misses
+            self.sheds.while_waiting += 1
+            self.sheds.returned += 1
+            state.pin_lost_waiting = True
+        else:
+            state.pin_shed = True
+        self._update_survival()
+
+    def _update_survival(self) -> None:
+        """The share of pins that did their job among those whose program came back: the cost
+        model scales a pin's hit probability by it (a pin that is likely shed is worth less)."""
+        hits, lost = self.counters.hits, self.sheds.returned
+        self.ttl_model.pin_survival = (hits + 1.0) / (hits + lost + 1.0)
 
     def reset(self) -> None:
         """The engine dropped its whole cache (``/flush_cache``): every pin's node is gone, so
@@ -322,40 +428,61 @@ class ContinuumController:
         """Programs whose device pin came or went after ``version`` (None: assume all did)."""
         return self.pins.changed_since(version)
 
-    def priority_key(self, tag: TurnTag, retracted: bool, now: float) -> tuple[int, int, int]:
+    def priority_key(self, tag: TurnTag, retracted: bool, now: float) -> tuple:
         """Program-level FCFS with bounded waiting (see ``priority.py``)."""
-        limit = self.settings.max_queue_wait_s
         pid = tag.meta.program_id
         return priority_key(
             retracted=retracted,
-            overdue=limit > 0 and now >= tag.arrival + limit,  # the same sum as overdue_at
+            overdue=self.is_overdue(tag, now),
             pinned=pid is not None and pid in self.pins,
             program_rank=tag.program_rank,
             request_rank=tag.request_rank,
             program_order=self.settings.program_order,
+            overdue_first=self.settings.overdue_before_pinned,
         )
 
     def is_overdue(self, tag: TurnTag, now: float) -> bool:
-        return self.priority_key(tag, False, now)[0] == OVERDUE
+        """Bounded waiting: ``max_overtakes`` later arrivals were admitted ahead of it (a bound
+        in the engine's own pace: seconds on a fast engine, longer when it slows down), or the
+        optional absolute ceiling ``max_queue_wait_s`` passed."""
+        due = self.overdue_after(tag)
+        if due is not None and self.admission.admitted >= due:
+            return True
+        at = self.overdue_at(tag)
+        return at is not None and now >= at
+
+    def overdue_after(self, tag: TurnTag) -> Optional[int]:
+        """The admission count at which ``tag`` becomes overdue (None: no overtaking bound)."""
+        k = self.settings.max_overtakes
+        return tag.overtake_base + k if k > 0 else None
 
     def overdue_at(self, tag: TurnTag) -> Optional[float]:
+        """The time at which ``tag`` becomes overdue (None: no absolute ceiling)."""
         limit = self.settings.max_queue_wait_s
-        return tag.arrival + limit if limit > 0 else None
+        return tag.queued_at + limit if limit > 0 else None
 
     def holds_back(self, tag: TurnTag, request_tokens: int, capacity_tokens: int, now: float) -> bool:
         """Program-level admission control: a new program's first turn waits while the pool
-        cannot hold the working sets of the programs already in flight plus this request. The
+        cannot hold the working sets of the programs already in flight plus this request. An
+        overdue one passes, up to ``overdue_admission_overcommit`` pools of working sets. The
         adapter never calls this when holding back would idle the engine."""
         if not self.settings.admission_control or not tag.meta.has_program:
             return False
-        if self.is_overdue(tag, now):
-            return False  # bounded waiting wins over admission control
         state = self.programs.get(tag.meta.program_id)
         if state is None or state.turns_admitted > 0 or self.programs.working_programs == 0:
             return False
         room = capacity_tokens * self.settings.admission_working_set_fraction
-        if self.programs.working_set_tokens + request_tokens <= room:
+        demand = self.programs.working_set_tokens + request_tokens
+        if demand <= room:
             return False
+        if self.is_overdue(tag, now):  # bounded waiting, within the overcommit limit
+            limit = self.settings.overdue_admission_overcommit
+            if limit <= 0 or demand <= room * limit:
+                if not tag.bypassed:
+                    tag.bypassed = True
+                    self.admission.bypassed += 1
+                return False
+            self.admission.bypass_refused += 1
         if not tag.held_back:
             tag.held_back = True
             self.admission.held_back += 1
@@ -441,6 +568,7 @@ class ContinuumController:
             },
             "host_counters": counter_values(self.host_counters),
             "admission": counter_values(self.admission),
+            "sheds": counter_values(self.sheds),
             "programs": counter_values(self.program_counters),
         }
 
@@ -480,6 +608,9 @@ class ContinuumController:
             assert pid in self.programs, f"reload of a forgotten program {pid}"
         c = self.counters
         assert c.hits + c.expired + c.shed + c.released + c.flushed + len(self.pins) == c.created, "pin counters"
+        d = self.sheds
+        assert d.admission + d.idle + d.overdue + d.alloc + d.budget == c.shed, "shed counters by rule"
+        assert d.while_waiting <= c.shed, "sheds while waiting"
 
     # -- internals -----------------------------------------------------------------------
     def _drop_pins(self, program_id: str) -> list[Pin]:

@@ -219,7 +219,9 @@ class CostModelTTL(_SignalModel):
         return self.stats.window_for(tool, min_samples=self.k + 1)
 
     def decide(self, query: TTLQuery) -> Decision:
-        rho = self.stats.return_probability(query.tool)
+        # P(tau, f) = rho_f * F_f(tau) * survival: the pin pays only if the program comes back
+        # (rho), before the deadline (F), and the pin was not shed meanwhile (survival)
+        rho = self.stats.return_probability(query.tool) * self.pin_survival
         benefit = rho * self.benefit_s(query.context_tokens)
         cap = self.settings.max_ttl_s
         window, source = self.window_for(query.tool)

@@ -160,22 +160,36 @@ class PinTable:
             expired.append(pin)
         return expired
 
-    def pop_latest(self, *, ranked_after: Optional[int] = None, keep: Optional[str] = None) -> Optional[Pin]:
+    def pop_latest(
+        self,
+        *,
+        ranked_after: Optional[int] = None,
+        keep: Optional[str] = None,
+        spare: Optional[Callable[[Pin], bool]] = None,
+    ) -> Optional[Pin]:
         """Shed: remove and return the pin of the latest-arriving program -- only if its program
-        arrived after rank ``ranked_after`` (when given) and is not ``keep``. The kept program's
-        pin, if it is the latest, is stepped over without being removed."""
-        pin = self.peek_latest()
-        if pin is not None and pin.program_id == keep:
-            # step over it: look at the next latest without disturbing the kept pin
-            entry = heapq.heappop(self._by_arrival)
-            try:
+        arrived after rank ``ranked_after`` (when given), is not ``keep`` and is not spared by
+        ``spare(pin)`` (e.g. its next turn is already waiting: shedding it throws away a certain
+        hit). Stepped-over pins stay in the table; cost O((stepped over + 1) log pins)."""
+        heap = self._by_arrival
+        stepped: list[tuple[int, int, Pin]] = []
+        found: Optional[Pin] = None
+        try:
+            while True:
                 pin = self.peek_latest()
-            finally:
-                heapq.heappush(self._by_arrival, entry)
-        if pin is None or (ranked_after is not None and pin.arrival_rank <= ranked_after):
-            return None
-        self._remove(pin)
-        return pin
+                if pin is None or (ranked_after is not None and pin.arrival_rank <= ranked_after):
+                    break
+                if pin.program_id == keep or (spare is not None and spare(pin)):
+                    stepped.append(heapq.heappop(heap))
+                    continue
+                found = pin
+                break
+        finally:
+            for entry in stepped:
+                heapq.heappush(heap, entry)
+        if found is not None:
+            self._remove(found)
+        return found
 
     def clear(self) -> list[Pin]:
         pins = list(self._pins.values())

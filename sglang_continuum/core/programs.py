@@ -40,6 +40,8 @@ class ProgramState:
     pending_tool: Optional[str] = None  # tool called by the last finished turn, not yet returned
     context_tokens: int = 0  # its context as of its latest admitted or finished turn
     first_step: Optional[int] = None  # the client's step number of the first turn seen here
+    pin_shed: bool = False  # its last pin was shed (not expired, not hit) and it has not come back yet
+    pin_lost_waiting: bool = False  # its pin was shed while its next turn waited: that turn missed
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,13 +143,19 @@ class ProgramRegistry:
         return state
 
     def forget_idle(self, now: float) -> None:
-        """Drop programs unseen for ``idle_timeout_s`` (to ``drain_forgotten``) and let programs
-        unseen for ``working_set_window_s`` leave the working set; O(number dropped)."""
+        """Drop programs unseen for ``idle_timeout_s`` that have no turn in flight (to
+        ``drain_forgotten``) and let programs unseen for ``working_set_window_s`` leave the working
+        set; O(number dropped or refreshed)."""
         cutoff = now - self.idle_timeout_s
         while self._programs:
             state = next(iter(self._programs.values()))
             if state.last_seen > cutoff:
                 break
+            if state.in_flight > 0:
+                # a turn of it waits (or runs): the program is alive, whatever its last event.
+                # Forgetting it would re-register its next turn with a new, latest rank.
+                self._touch(state, now)
+                continue
             self._programs.popitem(last=False)
             self._drop(state)
         cutoff = now - self.working_set_window_s

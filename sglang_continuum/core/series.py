@@ -3,7 +3,7 @@ reports and the README all use (``tests/unit/test_series.py`` checks the README 
 
 ``source`` names where the value lives: ``counters.<field>`` (``PinCounters``),
 ``host.<field>`` (``HostCounters``), ``admission.<field>`` (``AdmissionCounters``),
-``programs.<field>`` (``ProgramCounters``),
+``programs.<field>`` (``ProgramCounters``), ``sheds.<field>`` (``ShedCounters``),
 ``saver.<field>`` (``StatsSaver``), or ``gauge.<name>`` (computed by the exporter).
 """
 
@@ -75,6 +75,58 @@ SERIES: tuple[Series, ...] = (
         "counter",
         "admission.admission_sheds",
         "Pins shed so that a blocked turn ranked above them could be admitted.",
+    ),
+    Series("requests_admitted", "counter", "admission.admitted", "Requests admitted (the overtaking bound's clock)."),
+    Series(
+        "overdue_admitted",
+        "counter",
+        "admission.overdue_admitted",
+        "Requests that were overdue (overtaken max_overtakes times, or past max_queue_wait_s) when admitted.",
+    ),
+    Series(
+        "admission_bypassed",
+        "counter",
+        "admission.bypassed",
+        "Overdue first turns admitted past admission control (within overdue_admission_overcommit).",
+    ),
+    Series(
+        "admission_bypass_refused",
+        "counter",
+        "admission.bypass_refused",
+        "Checks that kept an overdue first turn back because overdue_admission_overcommit was reached.",
+    ),
+    # pins shed, by rule (they sum to pin_sheds)
+    Series(
+        "pin_sheds_admission",
+        "counter",
+        "sheds.admission",
+        "Pins of programs ranked after a blocked turn, shed so it could be admitted.",
+    ),
+    Series(
+        "pin_sheds_idle",
+        "counter",
+        "sheds.idle",
+        "Pins of any rank shed for a blocked turn because the engine would otherwise idle.",
+    ),
+    Series(
+        "pin_sheds_overdue",
+        "counter",
+        "sheds.overdue",
+        "Pins of any rank shed for a blocked overdue turn (only with the overdue_sheds_any_pin ablation).",
+    ),
+    Series("pin_sheds_alloc", "counter", "sheds.alloc", "Pins shed because an allocation would otherwise fail."),
+    Series("pin_sheds_budget", "counter", "sheds.budget", "Pins of later programs shed for an earlier one's pin."),
+    Series(
+        "pin_sheds_while_waiting",
+        "counter",
+        "sheds.while_waiting",
+        "Pins shed while their program's next turn was already waiting (a certain hit thrown away).",
+    ),
+    Series(
+        "pin_sheds_returned",
+        "counter",
+        "sheds.returned",
+        "Programs that came back after their pin was shed (the cost model's pin survival reads it).",
     ),
     # how programs ended
     Series("programs_ended_last_step", "counter", "programs.last_step", "Programs ended by a turn flagged last step."),

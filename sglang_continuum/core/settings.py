@@ -56,8 +56,33 @@ class ContinuumSettings(BaseModel):
     )
 
     # queue order and admission
+    max_overtakes: int = Field(
+        32,
+        ge=0,
+        description="bounded waiting: a request is overdue once this many requests that arrived after it were "
+        "admitted ahead of it (a bound in the engine's own pace); 0 = off",
+    )
     max_queue_wait_s: float = Field(
-        3.0, ge=0, description="a request waiting this long goes first (oldest first); 0 = no bound"
+        0.0,
+        ge=0,
+        description="optional absolute ceiling: a request waiting this long is overdue too; 0 = off (the default: "
+        "a bound in seconds turns every turn overdue under overload)",
+    )
+    overdue_admission_overcommit: float = Field(
+        0.0,
+        ge=0,
+        description="an overdue first turn passes admission control only while the working sets plus its prompt "
+        "fit in this many pools; 0 = no limit",
+    )
+    # ablations of the bounded-waiting path (issue 22's decomposition); the defaults are the product
+    overdue_before_pinned: bool = Field(
+        False, description="ablation: overdue requests go before turns whose prefix is pinned (the 3 s bound's order)"
+    )
+    overdue_sheds_any_pin: bool = Field(
+        False, description="ablation: a blocked overdue turn may shed pins of programs ranked before it"
+    )
+    shed_waiting_pins: bool = Field(
+        False, description="ablation: admission may shed a pin whose program's next turn is already waiting"
     )
     program_order: bool = Field(
         True, description="program-level FCFS (False: request arrival order; the pins-only ablation)"

@@ -45,6 +45,9 @@ class TTLModel:
         self.stats = stats
         self.reload: Optional["ReloadCost"] = None  # set when a host tier (HiCache) is attached
         self.host_hold_cost = 1.0
+        # share of pins that survived until their program came back (hits / (hits + sheds of
+        # programs that came back), Laplace-smoothed); the controller keeps it current
+        self.pin_survival = 1.0
 
     def ttl(self, query: TTLQuery) -> float:
         raise NotImplementedError

@@ -58,7 +58,9 @@ def test_incremental_order_equals_a_fresh_sort(sglang_globals, script):
     from sglang_continuum.adapter.schedule_policy import ContinuumSchedulePolicy
 
     clock = ManualClock()
-    settings_ = ContinuumSettings(ttl_model="fixed", fixed_ttl_s=1.5, max_queue_wait_s=1.0, pin_budget_fraction=1.0)
+    settings_ = ContinuumSettings(
+        ttl_model="fixed", fixed_ttl_s=1.5, max_queue_wait_s=1.0, max_overtakes=2, pin_budget_fraction=1.0
+    )
     cache = make_cache(4096, settings=settings_, clock=clock)
     driver = TurnDriver(cache)
     policy = ContinuumSchedulePolicy(cache, False, False, False)
@@ -70,7 +72,7 @@ def test_incremental_order_equals_a_fresh_sort(sglang_globals, script):
             n += 1
             req = make_req(f"r{n}", arg, [n % 500 + 1, 2, 3])
             queue.append(req)
-            cache.tag_request(req)
+            cache.tag_request(req, waiting_ahead=len(queue) - 1)
             policy.requeued(req)
         elif op == "admit" and queue:
             req = queue.pop(arg % len(queue))
@@ -78,6 +80,7 @@ def test_incremental_order_equals_a_fresh_sort(sglang_globals, script):
         elif op == "retract" and queue:
             req = queue.pop(arg % len(queue))
             req.is_retracted = True
+            cache.controller.turn_requeued(req._continuum_tag)
             queue.append(req)
             policy.requeued(req)
         elif op == "pin":

@@ -9,6 +9,8 @@ a steep prefill profile makes a hit worth ~1 s per context token, so the model p
 import itertools
 import json
 import random
+import subprocess
+import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -277,3 +279,50 @@ def test_random_agent_fleets_finish_without_leaks_and_pins_never_block_higher_ra
     assert len(cache.controller.pins) == 0 and cache.protected_size() == 0
     cache.evict(EvictParams(num_tokens=10**6))
     assert cache.token_to_kv_pool_allocator.available_size() == cache.token_to_kv_pool_allocator.size
+
+
+def test_shortfall_of_a_blocked_turn_counts_its_own_cached_prefix(driver):
+    """The memory a blocked turn lacks is measured while SGLang holds its prefix lock (the prefix
+    is then out of the evictable budget, as SGLang counted it). Read afterwards, the shortfall was
+    short by the turn's cached prefix, so shedding freed one pin per retry."""
+    rng = random.Random(11)
+    drain_pins(driver)
+    cache = driver.s.tree_cache
+    for _ in range(cache.controller.stats.window):
+        cache.controller.stats.record("slow", 500.0)
+    for pid in ("first", "second"):  # earlier programs pin ~250 tokens each: a later turn may not shed them
+        driver.submit(tokens(rng, 250), max_new_tokens=4, custom_params=meta(pid, "fast"))
+        driver.run_until_idle()
+    ctx = tokens(rng, 300)
+    driver.submit(ctx, max_new_tokens=4, custom_params=meta("later", "slow"))  # cached, not pinned
+    driver.run_until_idle()
+    assert {"first", "second"} <= {p.program_id for p in cache.controller.pins} and "later" not in cache.controller.pins
+    x = driver.submit(tokens(rng, 40), max_new_tokens=200)  # a decode runs: the engine is not idle
+    for _ in range(2):
+        driver.step()
+    r = driver.submit(ctx + tokens(rng, 330), max_new_tokens=4, custom_params=meta("later", last=True))
+    driver.step()
+    req, admission = driver.req(r), driver.s.policy.admission
+    assert r not in driver.admitted and admission.blocked is req, "no pressure: the test cannot fail"
+    allocator = cache.token_to_kv_pool_allocator
+    prefix = req.prefix_len
+    assert prefix >= 250  # its first turn's context is cached (evictable: nobody locks it)
+    extend = len(req.full_untruncated_fill_ids) - prefix
+    floor = extend + 4 - (allocator.available_size() + cache.evictable_size() - prefix)
+    assert admission.shortfall >= floor > 0
+    drain_pins(driver)  # the pins of earlier programs go: the turn is admitted
+    driver.run_until_idle()
+    assert driver.req(r).finished() and driver.req(x).finished()
+    cache.check_integrity()
+
+
+def test_priority_scheduling_is_refused_at_start_up(tiny_model):
+    """SGLang's priority path re-sorts the queue under Continuum's incremental order: refused,
+    naming the flag. Its own interpreter: SGLang builds its parallel runtime once per process."""
+    code = (
+        "from sglang_continuum.tools.inprocess import build_scheduler\n"
+        f"build_scheduler({tiny_model!r}, max_total_tokens={POOL}, enable_priority_scheduling=True)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0
+    assert "RuntimeError" in proc.stderr and "does not support --enable-priority-scheduling" in proc.stderr

@@ -113,6 +113,7 @@ def test_budget_refusal_and_shed_counts():
     c.turn_finished(turn("b"), context_tokens=80, handle="hb")  # b arrived later
     out = c.turn_finished(turn("a"), context_tokens=80, handle="ha")
     assert out.pin is not None and [p.handle for p in out.release] == ["hb"] and c.counters.shed == 1
+    assert c.sheds.budget == 1 and c.sheds.while_waiting == 0
     c.turn_arrived(turn("z"))
     out = c.turn_finished(turn("z"), context_tokens=50, handle="hz")
     assert out.pin is None and c.counters.refused == 1
@@ -131,43 +132,101 @@ def test_reference_rule():
 
 
 def test_priority_key_order():
-    def key(retracted=False, overdue=False, pinned=False, program=0, request=0):
+    def key(retracted=False, overdue=False, pinned=False, program=0, request=0, overdue_first=False):
         return priority_key(
-            retracted=retracted, overdue=overdue, pinned=pinned, program_rank=program, request_rank=request
+            retracted=retracted,
+            overdue=overdue,
+            pinned=pinned,
+            program_rank=program,
+            request_rank=request,
+            overdue_first=overdue_first,
         )
 
-    keys = {
-        "retracted": key(retracted=True, program=9, request=9),
-        "overdue_old": key(overdue=True, program=8, request=3),
-        "overdue_new": key(overdue=True, program=0, request=6),
-        "pinned": key(pinned=True, program=5, request=8),
-        "old_program": key(program=1, request=7),
-        "new_program": key(program=3, request=2),
-        "new_program_later_turn": key(program=3, request=4),
-    }
-    assert sorted(keys, key=keys.get) == [
-        "retracted",
-        "overdue_old",
-        "overdue_new",
-        "pinned",
-        "old_program",
-        "new_program",
-        "new_program_later_turn",
-    ]
+    for overdue_first, expected in (
+        # shipped: pinned turns (resident prefix) before overdue ones; an overdue pinned turn is pinned
+        (False, ["retracted", "pinned", "pinned_overdue", "overdue_old", "overdue_new", "old_program", "new_program"]),
+        # the ablation (the old 3 s bound's order): overdue first, oldest request first
+        (True, ["retracted", "overdue_old", "pinned_overdue", "overdue_new", "pinned", "old_program", "new_program"]),
+    ):
+        keys = {
+            "retracted": key(retracted=True, program=9, request=9),
+            "overdue_old": key(overdue=True, program=8, request=3, overdue_first=overdue_first),
+            "overdue_new": key(overdue=True, program=0, request=6, overdue_first=overdue_first),
+            "pinned": key(pinned=True, program=5, request=8, overdue_first=overdue_first),
+            "pinned_overdue": key(pinned=True, overdue=True, program=6, request=5, overdue_first=overdue_first),
+            "old_program": key(program=1, request=7),
+            "new_program": key(program=3, request=2),
+        }
+        assert sorted(keys, key=keys.get) == expected, overdue_first
 
 
-def test_waiting_past_the_bound_goes_first_oldest_first():
-    c, clock = make(max_queue_wait_s=5.0)
+def test_absolute_ceiling_goes_after_pinned_turns_oldest_first():
+    c, clock = make(max_queue_wait_s=5.0, max_overtakes=0)
     early = c.turn_arrived(turn("early"))
     late = c.turn_arrived(turn("late"))
+    other = c.turn_arrived(turn("other"))
     c.turn_finished(turn("early"), context_tokens=10, handle="h")  # early's next turn will be pinned
     again = c.turn_arrived(turn("early"))
     clock.advance(4.0)
-    order = sorted([late, again], key=lambda t: c.priority_key(t, False, clock()))
-    assert order == [again, late]  # pinned first while nobody is overdue
-    clock.advance(1.0)  # late (and again) waited 5 s: overdue, by request arrival
-    assert sorted([again, late], key=lambda t: c.priority_key(t, False, clock())) == [late, again]
-    assert c.is_overdue(late, clock()) and not c.is_overdue(early, 0.0)
+    assert sorted([other, late, again], key=lambda t: c.priority_key(t, False, clock())) == [again, late, other]
+    clock.advance(1.0)  # 5 s waited: overdue, oldest request first, but after the pinned turn
+    assert c.is_overdue(late, clock()) and c.is_overdue(other, clock()) and not c.is_overdue(early, 0.0)
+    assert sorted([other, late, again], key=lambda t: c.priority_key(t, False, clock())) == [again, late, other]
+
+
+def test_overtaking_bound_counts_later_arrivals_admitted_ahead():
+    c, clock = make(max_overtakes=3)
+    ahead = [c.turn_arrived(turn(f"a{i}"), waiting_ahead=i) for i in range(2)]
+    held = c.turn_arrived(turn("held"), waiting_ahead=2)  # two requests wait ahead of it
+    later = [c.turn_arrived(turn(f"l{i}"), waiting_ahead=3 + i) for i in range(5)]
+    clock.advance(100.0)  # time alone never makes it overdue
+    assert not c.is_overdue(held, clock())
+    for tag in ahead:  # admitting the requests ahead of it is FCFS, not overtaking
+        c.turn_admitted(tag, 10)
+    for tag in later[:2]:
+        c.turn_admitted(tag, 10)
+    assert not c.is_overdue(held, clock()) and c.overdue_after(held) == 5
+    c.turn_admitted(later[2], 10)  # the third later arrival admitted ahead of it
+    assert c.is_overdue(held, clock())
+    c.turn_admitted(held, 10)
+    record = c.last_admission
+    assert record.overdue and record.overtaken == 3 and record.program_id == "held" and record.turn == 1
+    assert c.admission.overdue_admitted == 1 and c.admission.admitted == 6
+
+
+def test_a_retracted_turn_waits_afresh():
+    c, clock = make(max_overtakes=2, max_queue_wait_s=5.0)
+    tag = c.turn_arrived(turn("p"))
+    for i in range(3):  # overtaken three times, then it ran 20 s and was retracted
+        c.turn_admitted(c.turn_arrived(turn(f"o{i}")), 10)
+    clock.advance(20.0)
+    assert c.is_overdue(tag, clock())
+    c.turn_requeued(tag, waiting_ahead=0)
+    assert not c.is_overdue(tag, clock())  # neither the time it ran nor earlier overtakes count
+    clock.advance(5.0)
+    assert c.is_overdue(tag, clock())
+
+
+def test_bound_holds_with_program_order_off():
+    c, clock = make(program_order=False, max_overtakes=1)
+    tag = c.turn_arrived(turn("p"))
+    c.turn_admitted(c.turn_arrived(turn("q")), 10)
+    assert c.is_overdue(tag, clock())  # the bound is not inert in the pins-only mode
+
+
+def test_overdue_first_turn_passes_admission_control_within_the_overcommit_limit():
+    c, clock = make(max_overtakes=1, overdue_admission_overcommit=1.5)
+    for pid in ("a", "b"):
+        c.turn_admitted(c.turn_arrived(turn(pid)), 400)  # 800 tokens in flight
+    small = c.turn_arrived(turn("small"))
+    big = c.turn_arrived(turn("big"))
+    assert c.holds_back(small, 300, 1000, clock()) and c.holds_back(big, 800, 1000, clock())
+    c.turn_admitted(c.turn_arrived(turn("c")), 10)  # overtaken by c's later arrival
+    c.turn_admitted(c.turn_arrived(turn("d")), 10)
+    assert c.is_overdue(small, clock()) and c.is_overdue(big, clock())
+    assert not c.holds_back(small, 300, 1000, clock())  # 820 + 300 <= 1.5 x 1000: passes
+    assert c.holds_back(big, 800, 1000, clock())  # 820 + 800 > 1.5 x 1000: still held back
+    assert c.admission.bypassed == 1 and c.admission.bypass_refused == 1 and small.bypassed
 
 
 def test_pins_only_ablation_orders_by_request_arrival_alone():
@@ -210,6 +269,48 @@ def test_T_is_the_admission_wait_of_returning_misses():
     clock.advance(2.0)
     c.turn_admitted(back, 600)  # waited 2.0 s from arrival to admission, whatever its prefill
     assert c.ttl_model.queue_delay.mean == pytest.approx(2.0)
+
+
+def test_T_counts_a_turn_whose_pin_was_shed_while_it_waited():
+    c, clock = make(ttl_model="bernstein")  # pins bernstein_t_default_s with no samples; learns T
+    c.turn_admitted(c.turn_arrived(turn("p")), 500)
+    assert c.turn_finished(turn("p"), context_tokens=600, handle="h").pin is not None
+    back = c.turn_arrived(turn("p"))
+    assert not back.returning_miss  # its pin held its prefix when it arrived
+    assert c.shed("alloc") is not None  # then the pin went while the turn waited
+    assert c.sheds.alloc == 1 and c.sheds.while_waiting == 1 and c.sheds.returned == 1
+    clock.advance(3.0)
+    c.turn_admitted(back, 600)
+    assert c.ttl_model.queue_delay.mean == pytest.approx(3.0)  # a miss all the same
+    assert c.ttl_model.pin_survival == pytest.approx(1 / 2)  # 0 hits, 1 shed of a program that came back
+
+
+def test_shedding_spares_programs_whose_next_turn_waits():
+    c, _ = make()
+    for pid in ("a", "b", "c"):
+        c.turn_admitted(c.turn_arrived(turn(pid)), 10)
+        c.turn_finished(turn(pid), context_tokens=10, handle=pid)
+    c.turn_arrived(turn("c"))  # c (the latest program) is back and waits: its pin is a certain hit
+    waiting = {"c"}
+    assert c.shed("admission", spare_waiting=waiting.__contains__).program_id == "b"
+    assert c.shed("admission", ranked_after=1, spare_waiting=waiting.__contains__) is None  # only a ranks <= 1
+    assert c.pins.get("c") is not None
+    assert c.shed("idle").program_id == "c"  # the idle path takes what is left
+    assert (c.sheds.admission, c.sheds.idle, c.sheds.while_waiting) == (1, 1, 1)
+    c.check_integrity()
+
+
+def test_a_program_with_a_turn_waiting_is_never_forgotten_idle():
+    c, clock = make(program_idle_timeout_s=400.0)
+    c.turn_admitted(c.turn_arrived(turn("p")), 10)
+    c.turn_finished(turn("p"), context_tokens=10, handle=None)
+    rank = c.programs.get("p").arrival_rank
+    c.turn_arrived(turn("newer"))
+    waiting = c.turn_arrived(turn("p"))  # p's next turn queues ... for longer than the idle timeout
+    clock.advance(500.0)
+    c.step(lambda pid: True)
+    assert "p" in c.programs and c.programs.get("p").arrival_rank == rank == waiting.program_rank
+    c.check_integrity()
 
 
 def test_shipped_config_file_matches_the_defaults():

@@ -166,7 +166,7 @@ def test_shed_while_next_turn_waits_keeps_the_host_copy_until_admission():
     c, clock = make(max_wait_hold_s=5.0)
     pin = first_turn(c, "p")
     c.turn_arrived(ProgramMeta("p", True))  # the next turn is already queued
-    assert c.shed() is pin
+    assert c.shed("alloc") is pin
     host = c.offload(pin).pin
     assert host is not None and host.deadline == pytest.approx(5.0)
 

@@ -15,6 +15,16 @@ def test_tool_return_is_next_arrival_minus_previous_finish():
     r.check_integrity()
 
 
+def test_a_program_with_a_turn_in_flight_outlives_the_idle_timeout():
+    r = ProgramRegistry(idle_timeout_s=1)
+    r.turn_arrived("p", 0.0, rank=1)  # its turn waits (or runs) for longer than the timeout
+    r.turn_arrived("q", 0.5, rank=2)
+    r.turn_finished("q", 0.5, "t", 10)
+    r.forget_idle(2.0)
+    assert "p" in r and "q" not in r and r.get("p").arrival_rank == 1
+    r.check_integrity()
+
+
 def test_no_tool_return_without_a_finished_turn_or_after_abort():
     r = ProgramRegistry()
     r.turn_arrived("p", 0.0, rank=1)
@@ -50,6 +60,7 @@ def test_idle_programs_are_forgotten_and_size_is_capped():
     r = ProgramRegistry(max_programs=3, idle_timeout_s=10)
     for i in range(5):
         r.turn_arrived(f"p{i}", float(i), rank=i)
+        r.turn_finished(f"p{i}", float(i), "t", 10)  # out on a tool, nothing in flight
     assert len(r) == 3 and "p0" not in r and r.forgotten == 2
     assert {s.program_id for s in r.drain_forgotten()} == {"p0", "p1"}  # overflow is reported
     r.turn_arrived("p2", 20.0, rank=9)  # p2 is active again
