@@ -245,6 +245,8 @@ def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
         nonlocal next_check
         cache.exchange_stats(cache.step_clock.read_source())  # an idle worker still shares and learns
         cache.publish_metrics(scheduler.waiting_queue, force=True)  # the last step's changes reach /metrics
+        if cache.admission_log is not None:
+            cache.admission_log.flush()
         if (
             cache.settings.check_integrity
             and cache.step_clock.read_source() >= next_check

@@ -29,6 +29,7 @@ from sglang.srt.server_args import ServerArgs
 from sglang_continuum.adapter.host_tier import HostTier
 from sglang_continuum.adapter.metrics import ContinuumMetrics
 from sglang_continuum.adapter.request import context_tokens, get_tag, read_program_meta, set_tag
+from sglang_continuum.core.admission_log import AdmissionLog
 from sglang_continuum.core.clock import Clock, StepClock, default_clock
 from sglang_continuum.core.controller import ContinuumController, StepPlan, TurnTag
 from sglang_continuum.core.cost_model import PrefillProfile
@@ -85,6 +86,9 @@ class ContinuumRadixCache(UnifiedRadixCache):
             if tp_rank == 0 and params.pp_rank == 0:  # one writer per server
                 self.saver = StatsSaver(self.settings.stats_path)
         self._next_stats_save = self.step_clock() + self.settings.stats_save_interval_s
+        self.admission_log: Optional[AdmissionLog] = None
+        if self.settings.admission_log_path and tp_rank == 0 and params.pp_rank == 0:
+            self.admission_log = AdmissionLog(self.settings.admission_log_path)
         self.exchange: Optional[StatsExchange] = self._start_exchange(tp_size)
 
     def _start_exchange(self, tp_size: int) -> Optional[StatsExchange]:
@@ -204,6 +208,8 @@ class ContinuumRadixCache(UnifiedRadixCache):
                 host_loaded=int(getattr(req, "host_loaded_length", 0) or 0),
                 device_prefix=int(getattr(req, "prefix_len", 0) or 0),
             )
+            if self.admission_log is not None:
+                self.admission_log.write(req.rid, self.step_clock(), self.controller.last_admission)
 
     def admit_turn(self, tag: TurnTag, context_tokens: int, *, host_loaded: int = 0, device_prefix: int = 0) -> None:
         """The turn holds its own lock on its prefix now: consume its program's pin (and host pin)."""
@@ -345,6 +351,8 @@ class ContinuumRadixCache(UnifiedRadixCache):
 
     def shutdown(self) -> None:
         self.save_stats_now()  # warm start for the next server
+        if self.admission_log is not None:
+            self.admission_log.close()
         if self.exchange is not None:
             self.exchange.close()
             self.exchange = None

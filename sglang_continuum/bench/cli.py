@@ -68,6 +68,7 @@ from sglang_continuum.bench.fleet import ROUTER_ARGS, ROUTER_POLICIES, Fleet, fl
 from sglang_continuum.bench.replay import Replayer, ReplayResult
 from sglang_continuum.bench.report import markdown_table, plots, summarize
 from sglang_continuum.bench.seeds import aggregate, collapsed_flags, headline, run_order, seeds_table
+from sglang_continuum.core.admission_log import read_admission_log, summarize_admissions
 from sglang_continuum.tools.server import SGLangServer
 from sglang_continuum.workloads.schema import load_workload
 
@@ -279,6 +280,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             run = next(emulated)
             result = ReplayResult.from_dict(run["replay"], "", run["metrics_after"])
             summary = summarize(result)
+            if run.get("admissions"):
+                summary["admissions"] = run["admissions"]
             runs.append(
                 {"policy": policy, "jps": jps, "seed": seed, "repeat": repeat, "server_cores": None, "summary": summary}
                 | {"emulator": run["emulator"], "replay": run["replay"]}
@@ -326,10 +329,12 @@ def main(argv: Optional[list[str]] = None) -> int:
                     server_cores = sorted(set().union(*(tree_cores(w.proc.pid) for w in fleet.workers)))
                 workers = worker_table(result.worker_metrics)
             else:
+                admission_log = args.out / f"admissions-{policy}-{jps:g}-s{seed}-r{repeat}.jsonl"
+                admission_log.unlink(missing_ok=True)
                 with SGLangServer(
                     args.model,
                     [*flags, *common],
-                    env={**env, **extra_env},
+                    env={**env, "SGLANG_CONTINUUM_ADMISSION_LOG_PATH": str(admission_log.resolve()), **extra_env},
                     log_path=log,
                     cpu=not args.gpu,
                     cpus=server_cpus,
@@ -340,6 +345,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         summary = summarize(result)
         if workers is not None:
             summary |= fleet_summary(workers)
+        elif not args.url:
+            admissions = summarize_admissions(read_admission_log(admission_log))
+            if admissions:
+                summary["admissions"] = admissions
         runs.append(
             {
                 "policy": policy,

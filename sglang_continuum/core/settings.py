@@ -142,6 +142,9 @@ class ContinuumSettings(BaseModel):
 
     # debugging
     check_integrity: bool = Field(False, description="check every invariant at idle (tests, debugging)")
+    admission_log_path: Optional[str] = Field(
+        None, description="append one JSON line per admitted request (wait, overtakes, overdue, held back)"
+    )
 
     @field_validator("ttl_model")
     @classmethod

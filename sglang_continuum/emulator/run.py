@@ -51,6 +51,7 @@ def emulate(
     os.environ.update(env or {})
     os.environ.setdefault("SGLANG_CONTINUUM_PREFILL_PROFILE", str(Path(profile_path).resolve()))
 
+    from sglang_continuum.core.admission_log import read_admission_log, summarize_admissions
     from sglang_continuum.core.clock import ManualClock, use_clock
     from sglang_continuum.emulator import sglang_engine as engine
     from sglang_continuum.emulator.driver import ClosedLoopDriver
@@ -62,6 +63,8 @@ def emulate(
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="continuum-emu-") as tmp, use_clock(clock):
         model_dir = engine.write_accounting_model(Path(tmp) / "model")
+        admission_log = Path(tmp) / "admissions.jsonl"
+        os.environ.setdefault("SGLANG_CONTINUUM_ADMISSION_LOG_PATH", str(admission_log))
         args, argv = engine.server_args_for(
             model_dir, max_total_tokens, flags, [*profile_flags, *shlex.split(server_args)]
         )
@@ -85,6 +88,10 @@ def emulate(
         if bar is not None:
             bar.close()
         pool = engine.pool_accounting(scheduler)
+        log = getattr(scheduler.tree_cache, "admission_log", None)
+        if log is not None:
+            log.flush()
+        admissions = summarize_admissions(read_admission_log(admission_log))
     from prometheus_client import REGISTRY, generate_latest
 
     return {
@@ -93,6 +100,7 @@ def emulate(
         "jps": jps,
         "replay": result.to_dict(),
         "metrics_after": generate_latest(REGISTRY).decode(),
+        "admissions": admissions,
         "emulator": {
             "profile": latency.name,
             "profile_path": str(profile_path),

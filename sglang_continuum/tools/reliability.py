@@ -63,6 +63,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import httpx
 
+from sglang_continuum.core.admission_log import read_admission_log, summarize_admissions
 from sglang_continuum.tools.server import SGLangServer, parse_metrics
 
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
@@ -1466,14 +1467,21 @@ def probe_pressure(ctx: Ctx) -> ProbeResult:
         "arrival_span_s": round(programs[-1]["arrival"], 1),
     }
     runs = {}
+    admission_log = (ctx.out / "pressure-admissions.jsonl").resolve()
+    admission_log.unlink(missing_ok=True)
     for policy in ("fcfs", "continuum"):
         env = {E + "PROGRAM_IDLE_TIMEOUT_S": "400"}  # the default TTL model and bounds otherwise
+        if policy == "continuum":  # per-request records, and the variant asked for (--pressure-env)
+            env |= {E + "ADMISSION_LOG_PATH": str(admission_log)}
+            env |= dict(kv.split("=", 1) for kv in getattr(ctx.sizes, "pressure_env", None) or [])
         with ctx.server(f"pressure-{policy}", policy=policy, env=env, share=False) as srv:
             runs[policy] = _pressure_run(ctx, srv, programs)
             if policy == "continuum":
                 finish(res, srv, drain_s=60)
             elif not healthy(srv):
                 res.problem("fcfs server not healthy after")
+    runs["continuum"]["admissions"] = summarize_admissions(read_admission_log(admission_log), slowest=5)
+    res.details["continuum_env"] = getattr(ctx.sizes, "pressure_env", None) or []
     res.details["runs"] = runs
     c, f = runs["continuum"], runs["fcfs"]
     res.sent, res.failed = c["sent"], c["failed"] + c["not_sent"]
@@ -1499,6 +1507,21 @@ def probe_pressure(ctx: Ctx) -> ProbeResult:
         f"slowest ratio {rnd(ratio_max, 2)} (target <= 1.5), median ratio {rnd(ratio_p50, 2)} "
         f"(target <= {ctx.sizes.median_tolerance})"
     )
+    adm = c["admissions"]
+    if adm:
+        slow = "; ".join(
+            f"{r['program_id']} turn {r['turn']}: waited {r['wait_s']:.2f}s, overtaken {r['overtaken']}"
+            + (", overdue" if r["overdue"] else "")
+            + (", held back" if r["held_back"] else "")
+            + (", passed admission control overdue" if r["bypassed"] else "")
+            for r in adm["slowest"]
+        )
+        res.notes.append(
+            f"continuum's server-side waits: {adm['overdue_share']:.1%} of requests overdue when admitted, "
+            f"{adm['held_back_share']:.1%} held back, {adm['bypassed']} let past admission control; mean wait "
+            f"first turns {adm['mean_wait_first_turn_s']:.2f}s, later turns {adm['mean_wait_later_turns_s']:.2f}s; "
+            f"slowest: {slow}"
+        )
     return res
 
 
@@ -1647,6 +1670,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--kill-initial", default="", help="content of the stats file at the first start (e.g. a wrong shape)"
     )
     g.add_argument("--flush-programs", type=int)
+    g.add_argument("--pressure-env", action="append", default=[], help="KEY=VALUE for the continuum server (a variant)")
     g.add_argument("--pressure-programs", type=int)
     g.add_argument("--pressure-turns", type=int)
     g.add_argument("--pressure-first", type=int, default=400, help="first turn's prompt tokens (mean)")
