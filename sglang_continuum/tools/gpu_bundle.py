@@ -408,7 +408,8 @@ def smoke(url: str, new_tokens: int = 32, wait_s: float = 600.0) -> dict:
         if time.monotonic() > deadline:
             raise BundleError(f"{url}/health did not answer 200 within {wait_s:.0f}s")
         time.sleep(2)
-    context = [(17 * i + 5) % 30000 + 100 for i in range(512)]
+    # token ids below 500, as the replay draws them: valid for the tiny CPU model and Llama's vocabulary
+    context = [(17 * i + 3) % 495 + 5 for i in range(512)]
     turns = []
     for step, (tool, last) in enumerate([("pytest", False), (None, True)], 1):
         body = {
@@ -440,12 +441,15 @@ def smoke(url: str, new_tokens: int = 32, wait_s: float = 600.0) -> dict:
         print(f"  step {step}: {turns[-1]}", flush=True)
         if len(ids) != new_tokens:
             raise BundleError(f"/generate step {step} returned {len(ids)} output ids, asked for {new_tokens}")
-        context = context + list(ids) + [(31 * i + 7) % 30000 + 100 for i in range(64)]
+        context = context + list(ids) + [(31 * i + 7) % 495 + 5 for i in range(64)]
     if not turns[1]["cached_tokens"]:
         raise BundleError(f"the second turn found nothing cached: {turns[1]}")
     metrics = parse_metrics(httpx.get(url + "/metrics", timeout=10).text)
     if not metrics:
         raise BundleError("/metrics has no sglang:continuum_ series: the plugin is not running")
+    for series in ("sglang:continuum_programs_seen_total", "sglang:continuum_programs_ended_last_step_total"):
+        if metrics.get(series, 0) < 1:
+            raise BundleError(f"{series} is {metrics.get(series)}: the plugin did not see the program's custom_params")
     print(f"  /metrics: {len(metrics)} continuum series, e.g. {dict(list(sorted(metrics.items()))[:4])}")
     return {"turns": turns, "continuum_series": metrics}
 
