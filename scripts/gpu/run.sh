@@ -27,15 +27,15 @@ MODEL="$BUNDLE/models/llama-3.1-8b-shape"
 WORKLOAD="$BUNDLE/workloads/swe-gpu.jsonl"
 PY="${PYTHON:-python3}"
 mkdir -p "$OUT"
+[ -f "$BUNDLE/manifest.json" ] || { echo "no $BUNDLE/manifest.json: run continuum-gpu build here first and carry .gpu-bundle" >&2; exit 3; }
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 echo "== machine"
 nvidia-smi -L || true
-ldd --version | head -1  # the sglang wheel is manylinux_2_34: glibc >= 2.34
+ldd --version | sed -n 1p  # glibc >= 2.34 for the manylinux_2_34 sglang wheel (sed: no SIGPIPE)
 "$PY" --version
 
 echo "== install $(ls "$BUNDLE"/wheels/*.whl | wc -l) wheels into $SITE"
-[ -f "$BUNDLE/manifest.json" ] || { echo "no $BUNDLE/manifest.json: run continuum-gpu build here first and carry .gpu-bundle" >&2; exit 3; }
 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$BUNDLE"/wheels/*.whl
 # the bundle's packages first (typing_extensions newer than the image's), the sgl_kernel
 # placeholder, this package's entry point, then the tree itself
