@@ -69,7 +69,7 @@ from sglang_continuum.bench.replay import Replayer, ReplayResult
 from sglang_continuum.bench.report import markdown_table, plots, summarize
 from sglang_continuum.bench.seeds import aggregate, collapsed_flags, headline, run_order, seeds_table
 from sglang_continuum.core.admission_log import read_admission_log, summarize_admissions
-from sglang_continuum.tools.server import SGLangServer
+from sglang_continuum.tools.server import GPU_SHIM_ENV, GPU_SHIM_FLAGS, SGLangServer
 from sglang_continuum.workloads.schema import load_workload
 
 NO_BOUND = {"SGLANG_CONTINUUM_MAX_OVERTAKES": "0", "SGLANG_CONTINUUM_MAX_QUEUE_WAIT_S": "0"}
@@ -191,7 +191,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--pool-programs", type=float, default=4.0, help="auto pool: average contexts it holds")
     ap.add_argument("--server-args", default="", help="extra flags for every server, quoted")
     ap.add_argument("--env", action="append", default=[], help="KEY=VALUE for every server (repeatable)")
-    ap.add_argument("--gpu", action="store_true", help="start servers without the CPU flags")
+    ap.add_argument(
+        "--gpu",
+        nargs="?",
+        const="stock",
+        choices=["stock", "shim"],
+        help="start servers without the CPU flags; 'shim': with GPU_SHIM_FLAGS/ENV, no sgl_kernel (docs/gpu.md)",
+    )
     ap.add_argument("--api", choices=["sglang", "openai"], default="sglang")
     ap.add_argument("--vocab", type=int, default=500, help="token ids are drawn below this")
     ap.add_argument(
@@ -243,7 +249,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         latency = StepLatencyModel.load(args.emulate)
     pool = args.max_total_tokens or emulated_pool(latency) or pressure_pool_tokens(programs, args.pool_programs)
-    extra_env = dict(kv.split("=", 1) for kv in args.env)
+    extra_env = {**(GPU_SHIM_ENV if args.gpu == "shim" else {}), **dict(kv.split("=", 1) for kv in args.env)}
     profile = args.prefill_profile or args.emulate or (None if args.gpu else CPU_PROFILE)
     if profile is not None and Path(profile).is_file():
         extra_env.setdefault("SGLANG_CONTINUUM_PREFILL_PROFILE", str(Path(profile).resolve()))
@@ -254,6 +260,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         str(context_length(args.model, pool)),
         "--enable-metrics",
         "--enable-cache-report",
+        *(GPU_SHIM_FLAGS if args.gpu == "shim" else ()),
         *shlex.split(args.server_args),
     ]
     args.out.mkdir(parents=True, exist_ok=True)

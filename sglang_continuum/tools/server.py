@@ -15,6 +15,21 @@ from typing import Mapping, Optional, Sequence
 import httpx
 
 CPU_FLAGS = ("--device", "cpu", "--attention-backend", "torch_native", "--skip-server-warmup")
+# A CUDA GPU without sgl_kernel or flashinfer (the lent H100: docs/gpu.md; gpushim/ on PYTHONPATH):
+# Triton attention, pytorch sampling, no CUDA graphs (their decode runner calls sgl_kernel), and a
+# config-only model (random weights, token ids in and out, no tokenizer).
+GPU_SHIM_FLAGS = (
+    "--attention-backend", "triton", "--sampling-backend", "pytorch",
+    "--disable-prefill-cuda-graph", "--disable-decode-cuda-graph",
+    "--load-format", "dummy", "--skip-tokenizer-init",
+)  # fmt: skip
+GPU_SHIM_ENV = {
+    "SGLANG_FORCE_FUSED_OP_BACKEND": "torch",  # RMSNorm, SiLU-and-mul, RoPE, clamp: their torch code
+    "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1",  # the engine asserts sglang-kernel >= 0.4.9
+    "SGLANG_IS_FLASHINFER_AVAILABLE": "false",
+    "SGLANG_ENABLE_JIT_DEEPGEMM": "0",
+    "SGLANG_CRASH_ON_JIT_COMPILE": "1",  # no nvcc builds at run time: fail loudly instead
+}
 
 
 PORT_ATTEMPTS = 3
