@@ -73,6 +73,7 @@ class ContinuumMetrics:
             "host": controller.host_counters,
             "admission": controller.admission,
             "programs": controller.program_counters,
+            "identity": controller.identity,
             "saver": saver,
             "exchange": exchange.counters if exchange is not None else None,
         }

@@ -92,6 +92,20 @@ class ProgramCounters:
 
 
 @dataclass(slots=True)
+class IdentityCounters:
+    """Arriving requests by where their program id came from (``metadata.SOURCES``)."""
+
+    program_id: int = 0  # custom_params.program_id (or job_id)
+    session_id: int = 0  # SGLang's session_id
+    routing_key: int = 0  # SGLang's routing key (X-SMG-Routing-Key)
+    inferred: int = 0  # attributed to a program from its prefix
+    none: int = 0  # no program: served as under FCFS
+
+    def count(self, source: str) -> None:
+        setattr(self, source, getattr(self, source) + 1)
+
+
+@dataclass(slots=True)
 class FinishOutcome:
     pin: Optional[Pin] = None
     release: list[Pin] = field(default_factory=list)
@@ -142,6 +156,7 @@ class ContinuumController:
         self.host_counters = HostCounters()
         self.admission = AdmissionCounters()
         self.program_counters = ProgramCounters()
+        self.identity = IdentityCounters()
         self._terminal_tools = frozenset(settings.terminal_tools)
         self.reload_cost: Optional[ReloadCost] = None
         self._reload_heap: list[tuple[float, int, Pin]] = []  # (start time, seq, host pin)
@@ -162,6 +177,7 @@ class ContinuumController:
     def turn_arrived(self, meta: ProgramMeta) -> TurnTag:
         rank = next(self._rank)
         now = self.clock()
+        self.identity.count(meta.identified_by)
         if not meta.has_program:
             return TurnTag(meta, rank, rank, now)
         state, ret = self.programs.turn_arrived(meta.program_id, now, rank)
@@ -442,6 +458,7 @@ class ContinuumController:
             "host_counters": counter_values(self.host_counters),
             "admission": counter_values(self.admission),
             "programs": counter_values(self.program_counters),
+            "identity": counter_values(self.identity),
         }
 
     def merge_peer_samples(self, samples: list[Sample]) -> None:

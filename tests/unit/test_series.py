@@ -2,7 +2,13 @@
 
 from pathlib import Path
 
-from sglang_continuum.core.controller import AdmissionCounters, HostCounters, PinCounters, ProgramCounters
+from sglang_continuum.core.controller import (
+    AdmissionCounters,
+    HostCounters,
+    IdentityCounters,
+    PinCounters,
+    ProgramCounters,
+)
 from sglang_continuum.core.series import SERIES, series_name
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -22,6 +28,7 @@ def test_every_counter_field_is_exported_once():
         ("host", HostCounters),
         ("admission", AdmissionCounters),
         ("programs", ProgramCounters),
+        ("identity", IdentityCounters),
     ):
         for field in counters.__dataclass_fields__:
             assert f"{group}.{field}" in sources, f"{group}.{field} has no series"
