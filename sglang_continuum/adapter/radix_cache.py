@@ -27,6 +27,7 @@ from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 from sglang.srt.server_args import ServerArgs
 
 from sglang_continuum.adapter.host_tier import HostTier
+from sglang_continuum.adapter.inference import ProgramInference, is_inferred
 from sglang_continuum.adapter.metrics import ContinuumMetrics
 from sglang_continuum.adapter.request import context_tokens, get_tag, read_program_meta, set_tag
 from sglang_continuum.core.clock import Clock, StepClock, default_clock
@@ -84,6 +85,11 @@ class ContinuumRadixCache(UnifiedRadixCache):
                 self.saver = StatsSaver(self.settings.stats_path)
         self._next_stats_save = self.step_clock() + self.settings.stats_save_interval_s
         self.exchange: Optional[StatsExchange] = self._start_exchange(tp_size)
+        self.inference: Optional[ProgramInference] = (
+            ProgramInference(self.settings, self.controller.programs.__contains__, write_log=tp_rank == 0)
+            if self.settings.infer_programs
+            else None
+        )
 
     def _start_exchange(self, tp_size: int) -> Optional[StatsExchange]:
         """Tool statistics shared with peer workers, when endpoints are set. Only with one
@@ -155,7 +161,10 @@ class ContinuumRadixCache(UnifiedRadixCache):
         """A turn arrived (entered the waiting queue for the first time)."""
         tag = get_tag(req)
         if tag is None:
-            tag = self.controller.turn_arrived(read_program_meta(req, self.report_malformed))
+            meta = read_program_meta(req, self.report_malformed)
+            if not meta.has_program and self.inference is not None:
+                meta = self.inference.attribute(req)
+            tag = self.controller.turn_arrived(meta)
             set_tag(req, tag)
         return tag
 
@@ -168,6 +177,8 @@ class ContinuumRadixCache(UnifiedRadixCache):
             # decoding the output to find the tool is skipped when the client named it or no pin follows
             parse = not (tag.meta.tool_name or tag.meta.is_last_step)
             self.finish_turn(tag.meta, req.last_node, context_tokens(req), self.identify_tool(req) if parse else None)
+            if self.inference is not None and is_inferred(tag.meta):
+                self.inference.turn_finished(tag.meta, req)
         elif req.finished():  # aborted
             self.abort_turn(tag.meta)
         else:  # retracted: it will queue again; its pin (if any) must not hold memory meanwhile
@@ -281,6 +292,8 @@ class ContinuumRadixCache(UnifiedRadixCache):
         """The controller's invariants plus the engine facts behind them: every device pin's
         prefix is resident and protected, every host pin's node is backed up on host."""
         self.controller.check_integrity()
+        if self.inference is not None:
+            self.inference.check_integrity()
         if self.exchange is not None:
             self.exchange.check_integrity()
         tree = self.tree_core

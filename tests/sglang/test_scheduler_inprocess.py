@@ -36,6 +36,8 @@ def driver(tiny_model, tmp_path_factory):
         "SGLANG_CONTINUUM_STATS_PATH": str(stats_path),
         "SGLANG_CONTINUUM_PREFILL_PROFILE": str(profile),
         "SGLANG_CONTINUUM_PIN_BUDGET_FRACTION": "0.6",
+        # requests with no id are plain fillers here (test_program_identity.py covers inference)
+        "SGLANG_CONTINUUM_INFER_PROGRAMS": "0",
     }
     mp = pytest.MonkeyPatch()
     for k, v in env.items():
@@ -277,28 +279,3 @@ def test_random_agent_fleets_finish_without_leaks_and_pins_never_block_higher_ra
     assert len(cache.controller.pins) == 0 and cache.protected_size() == 0
     cache.evict(EvictParams(num_tokens=10**6))
     assert cache.token_to_kv_pool_allocator.available_size() == cache.token_to_kv_pool_allocator.size
-
-
-def test_routing_key_alone_makes_a_program_whose_next_turn_hits_its_pin(driver):
-    """SGLang puts the X-SMG-Routing-Key header on ``Req.routing_key``: with no other id it is
-    the program id (smg-routed traffic, bench_serving's routing keys)."""
-    rng = random.Random(11)
-    drain_pins(driver)
-    cache = driver.s.tree_cache
-    identity = cache.controller.identity
-    before = (identity.routing_key, cache.controller.counters.hits)
-    ctx = tokens(rng, 120)
-    r1 = driver.submit(ctx, max_new_tokens=6, routing_key="rk-7")
-    driver.run_until_idle()
-    pin = cache.controller.pins.get("rk-7")
-    assert pin is not None and pin.tokens == len(ctx) + 6 - 1
-    previous = ctx + driver.output_ids(r1)
-    r2 = driver.submit(previous + tokens(rng, 10), max_new_tokens=4, routing_key="rk-7")
-    driver.run_until_idle()
-    assert driver.req(r2).cached_tokens == len(previous) - 1
-    assert (identity.routing_key, cache.controller.counters.hits) == (before[0] + 2, before[1] + 1)
-    # a program id in custom_params wins over the routing key
-    driver.submit(tokens(rng, 30), max_new_tokens=2, routing_key="rk-8", custom_params=meta("explicit", last=True))
-    driver.run_until_idle()
-    assert identity.routing_key == before[0] + 2 and "rk-8" not in cache.controller.programs
-    drain_pins(driver)
