@@ -74,6 +74,7 @@ class ContinuumMetrics:
             "admission": controller.admission,
             "sheds": controller.sheds,
             "programs": controller.program_counters,
+            "identity": controller.identity,
             "saver": saver,
             "exchange": exchange.counters if exchange is not None else None,
         }

@@ -27,6 +27,7 @@ from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 from sglang.srt.server_args import ServerArgs
 
 from sglang_continuum.adapter.host_tier import HostTier
+from sglang_continuum.adapter.inference import ProgramInference, is_inferred
 from sglang_continuum.adapter.metrics import ContinuumMetrics
 from sglang_continuum.adapter.request import context_tokens, get_tag, read_program_meta, set_tag
 from sglang_continuum.core.admission_log import AdmissionLog
@@ -90,6 +91,11 @@ class ContinuumRadixCache(UnifiedRadixCache):
         if self.settings.admission_log_path and tp_rank == 0 and params.pp_rank == 0:
             self.admission_log = AdmissionLog(self.settings.admission_log_path)
         self.exchange: Optional[StatsExchange] = self._start_exchange(tp_size)
+        self.inference: Optional[ProgramInference] = (
+            ProgramInference(self.settings, self.controller.programs.__contains__, write_log=tp_rank == 0)
+            if self.settings.infer_programs
+            else None
+        )
 
     def _start_exchange(self, tp_size: int) -> Optional[StatsExchange]:
         """Tool statistics shared with peer workers, when endpoints are set. Only with one
@@ -163,6 +169,8 @@ class ContinuumRadixCache(UnifiedRadixCache):
         tag = get_tag(req)
         if tag is None:
             meta = read_program_meta(req, self.report_malformed)
+            if not meta.has_program and self.inference is not None:
+                meta = self.inference.attribute(req)
             tag = self.controller.turn_arrived(meta, waiting_ahead=waiting_ahead)
             set_tag(req, tag)
         return tag
@@ -170,12 +178,19 @@ class ContinuumRadixCache(UnifiedRadixCache):
     def on_release(self, req: Req, *, checkpointed: bool) -> None:
         super().on_release(req, checkpointed=checkpointed)
         tag = get_tag(req)
-        if self.controller is None or tag is None or not tag.meta.has_program:
+        if self.controller is None or tag is None:
+            return
+        if not tag.meta.has_program:
+            done = checkpointed and req.finished() and not isinstance(req.finished_reason, FINISH_ABORT)
+            if done and self.inference is not None:
+                self.inference.provisional_finished(req)  # its next turn, if any, makes it a program
             return
         if checkpointed and req.finished() and not isinstance(req.finished_reason, FINISH_ABORT):
             # decoding the output to find the tool is skipped when the client named it or no pin follows
             parse = not (tag.meta.tool_name or tag.meta.is_last_step)
             self.finish_turn(tag.meta, req.last_node, context_tokens(req), self.identify_tool(req) if parse else None)
+            if self.inference is not None and is_inferred(tag.meta):
+                self.inference.turn_finished(tag.meta, req)
         elif req.finished():  # aborted
             self.abort_turn(tag.meta)
         else:  # retracted: it will queue again; its pin (if any) must not hold memory meanwhile
@@ -305,6 +320,8 @@ class ContinuumRadixCache(UnifiedRadixCache):
         """The controller's invariants plus the engine facts behind them: every device pin's
         prefix is resident and protected, every host pin's node is backed up on host."""
         self.controller.check_integrity()
+        if self.inference is not None:
+            self.inference.check_integrity()
         if self.exchange is not None:
             self.exchange.check_integrity()
         tree = self.tree_core

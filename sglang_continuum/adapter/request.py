@@ -14,8 +14,13 @@ TAG_ATTR = "_continuum_tag"
 
 
 def read_program_meta(req: "Req", report: MalformedReporter) -> ProgramMeta:
+    """``req`` is a ``Req`` or a ``TokenizedGenerateReqInput`` (both carry ``session_id`` and
+    ``routing_key``; the routing key is SGLang's, from ``X-SMG-Routing-Key`` or ``/generate``'s
+    ``routing_key``)."""
     params = getattr(getattr(req, "sampling_params", None), "custom_params", None)
-    return parse_program_meta(params, getattr(req, "session_id", None), report)
+    return parse_program_meta(
+        params, getattr(req, "session_id", None), report, routing_key=getattr(req, "routing_key", None)
+    )
 
 
 def get_tag(req: "Req") -> Optional[TurnTag]:

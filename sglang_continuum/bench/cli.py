@@ -44,6 +44,11 @@ the replay client on the last (``--no-pin-cpus`` turns that off); each run recor
 server's threads were really allowed (``server_cores``).
 ``--url`` replays against an already running server instead (one policy, e.g. vLLM).
 
+``--no-ids`` sends no program metadata at all (no ``custom_params``, ``session_id`` or routing key):
+Continuum must infer programs from the prefix. Each server (or emulated run) writes which program
+it attributed each request to (``attribution_log``); the report scores it against the truth
+(precision and recall, ``bench/attribution.py``). Single servers and emulated runs only.
+
 ``--emulate PROFILE`` runs the same grid without a server: SGLang's real scheduler, radix cache
 and this plugin in virtual time, the forward replaced by the profile's step latencies
 (``sglang_continuum/emulator``). Each run is a fresh process (``--jobs`` at once); the KV pool is
@@ -64,6 +69,7 @@ from typing import Optional
 
 from tqdm import tqdm
 
+from sglang_continuum.bench.attribution import read_log, score
 from sglang_continuum.bench.fleet import ROUTER_ARGS, ROUTER_POLICIES, Fleet, fleet_summary, worker_table
 from sglang_continuum.bench.replay import Replayer, ReplayResult
 from sglang_continuum.bench.report import markdown_table, plots, summarize
@@ -229,6 +235,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         help="extra flags for smg, quoted (default: %(default)s; '' keeps smg's overload protection)",
     )
     ap.add_argument("--no-share-stats", action="store_true", help="workers keep their tool statistics to themselves")
+    ap.add_argument(
+        "--no-ids", action="store_true", help="send no program metadata: programs are inferred from the prefix"
+    )
     ap.add_argument("--out", type=Path, default=Path("out/bench"))
     args = ap.parse_args(argv)
     if args.emulate and args.url:
@@ -292,6 +301,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             runs.append(
                 {"policy": policy, "jps": jps, "seed": seed, "repeat": repeat, "server_cores": None, "summary": summary}
                 | {"emulator": run["emulator"], "replay": run["replay"]}
+                | _attribution(args, result, _attribution_path(args, policy, jps, seed, repeat))
             )
             _print_run(desc, summary)
             continue
@@ -301,7 +311,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             vocab=args.vocab,
             seed=seed,
             close_sessions=policy.partition("+")[0] == "session",
+            send_program_id=not args.no_ids,
         )
+        attribution_log = _attribution_path(args, policy, jps, seed, repeat)
         server_cores = None
         workers = None
         base_policy, _, router_policy = policy.partition("@")
@@ -338,10 +350,14 @@ def main(argv: Optional[list[str]] = None) -> int:
             else:
                 admission_log = args.out / f"admissions-{policy}-{jps:g}-s{seed}-r{repeat}.jsonl"
                 admission_log.unlink(missing_ok=True)
+                run_env = {**env, "SGLANG_CONTINUUM_ADMISSION_LOG_PATH": str(admission_log.resolve()), **extra_env}
+                if attribution_log is not None:
+                    attribution_log.unlink(missing_ok=True)
+                    run_env["SGLANG_CONTINUUM_ATTRIBUTION_LOG"] = str(attribution_log.resolve())
                 with SGLangServer(
                     args.model,
                     [*flags, *common],
-                    env={**env, "SGLANG_CONTINUUM_ADMISSION_LOG_PATH": str(admission_log.resolve()), **extra_env},
+                    env=run_env,
                     log_path=log,
                     cpu=not args.gpu,
                     cpus=server_cpus,
@@ -365,6 +381,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 "server_cores": server_cores,
                 "summary": summary,
                 **({"workers": workers} if workers is not None else {}),
+                **(_attribution(args, result, attribution_log) if workers is None else {}),
                 "replay": result.to_dict(),
             }
         )
@@ -439,6 +456,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "the server queue (SGLang's queue_time). cache hit: cached / prompt tokens.",
         "",
         *fleet_section(runs),
+        *attribution_section(runs),
         *[f"![{p.stem}]({p.name})" for p in pngs],
     ]
     (args.out / "report.md").write_text("\n".join(md) + "\n")
@@ -475,6 +493,53 @@ def fleet_section(runs: list[dict]) -> list[str]:
                 f"| {w['pin_hits']:.0f} | {w['mean_queue_s']:.3f} "
                 f"| {w['stats_samples_sent']:.0f} / {w['stats_samples_received']:.0f} |"
             )
+    return [*lines, ""]
+
+
+def _attribution_path(args, policy: str, jps: float, seed: int, repeat: int) -> Optional[Path]:
+    """Where the run's server writes its attribution log (``--no-ids`` on a continuum policy)."""
+    if not args.no_ids or not policy.startswith("continuum") or args.url:
+        return None
+    folder = args.out / ("runs" if args.emulate else "")
+    return folder / f"attribution-{policy}-{jps:g}-s{seed}-r{repeat}.jsonl"
+
+
+def _attribution(args, result: ReplayResult, log: Optional[Path]) -> dict:
+    if log is None:
+        return {}
+    truth = [(p.program_id, len(p.turns)) for p in result.programs]
+    scored = score(truth, read_log(log))
+    print(
+        f"  attribution: recall {_pct(scored['recall'])}, precision {_pct(scored['precision'])} "
+        f"({scored['attributed_right']}/{scored['turns_after_first']} later turns)"
+    )
+    return {"attribution": scored, "attribution_log": str(log)}
+
+
+def _pct(x: Optional[float]) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def attribution_section(runs: list[dict]) -> list[str]:
+    scored = [r for r in runs if "attribution" in r]
+    if not scored:
+        return []
+    lines = [
+        "## Program attribution (--no-ids)",
+        "",
+        "No program metadata was sent; the server inferred programs from the prefix. Recall: later turns "
+        "attributed to their own program's previous turn; precision: of the requests the server attributed to "
+        "an earlier program, those it got right.",
+        "",
+        "| policy | jps | seed | later turns | right | recall | precision |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in scored:
+        a = r["attribution"]
+        lines.append(
+            f"| {r['policy']} | {r['jps']:g} | {r['seed']} | {a['turns_after_first']} | {a['attributed_right']} "
+            f"| {_pct(a['recall'])} | {_pct(a['precision'])} |"
+        )
     return [*lines, ""]
 
 
@@ -515,6 +580,13 @@ def _emulated_runs(grid, args, pool: int, extra_env: dict):
             "--server-args", args.server_args, "--out", str(out),
             *(f"--env={k}={v}" for k, v in extra_env.items()),
         ]  # fmt: skip
+        log_path = _attribution_path(args, policy, jps, seed, repeat)
+        if args.no_ids:
+            cmd.append("--no-ids")
+        if log_path is not None:
+            if not (args.reuse_runs and out.is_file()):
+                log_path.unlink(missing_ok=True)
+            cmd.append(f"--env=SGLANG_CONTINUUM_ATTRIBUTION_LOG={log_path.resolve()}")
         if args.reuse_runs and out.is_file():
             return json.loads(out.read_text())
         log = out.with_suffix(".log")

@@ -8,7 +8,9 @@ work. Program metadata (program id, last step, tool name) travels in ``custom_pa
 ``session_id``; program-affine routers get the ``x-smg-routing-key`` header.
 
 Appended tokens are random ids drawn from a per-program generator seeded by (seed, program id),
-so every policy sees identical prompts. With ``api="sglang"`` (native ``/generate``) the model's
+so every policy sees identical prompts. With ``send_program_id=False`` (``continuum-bench --no-ids``)
+no program metadata travels at all, and native requests are named ``<program>#<turn>`` (SGLang's
+``rid``) so the server's attribution log can be scored (``bench/attribution.py``). With ``api="sglang"`` (native ``/generate``) the model's
 real output ids continue the context, as in a real agent; with ``api="openai"``
 (``/v1/completions`` with token-id prompts) the output ids are not returned, so fixed
 placeholder ids of the same length continue it instead.
@@ -26,6 +28,7 @@ from typing import Callable, Optional
 import httpx
 import orjson
 
+from sglang_continuum.bench.attribution import turn_rid
 from sglang_continuum.client import continuum_custom_params, routing_headers
 from sglang_continuum.workloads.schema import Program
 
@@ -165,6 +168,8 @@ class Replayer:
             if self.send_program_id:
                 body["sampling_params"]["custom_params"] = custom
                 body["session_id"] = program.program_id
+            else:
+                body["rid"] = turn_rid(program.program_id, i)  # the truth, for scoring attribution
             return "/generate", body, headers
         body = {
             "model": self.model,

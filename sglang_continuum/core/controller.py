@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields
 from typing import Callable, Optional
 
 from sglang_continuum.core.clock import Clock
-from sglang_continuum.core.metadata import ProgramMeta
+from sglang_continuum.core.metadata import SOURCE_INFERRED, ProgramMeta
 from sglang_continuum.core.offload import ReloadCost, predicted_return
 from sglang_continuum.core.pins import Pin, PinTable, Tier
 from sglang_continuum.core.priority import priority_key
@@ -134,6 +134,20 @@ class ProgramCounters:
 
 
 @dataclass(slots=True)
+class IdentityCounters:
+    """Arriving requests by where their program id came from (``metadata.SOURCES``)."""
+
+    program_id: int = 0  # custom_params.program_id (or job_id)
+    session_id: int = 0  # SGLang's session_id
+    routing_key: int = 0  # SGLang's routing key (X-SMG-Routing-Key)
+    inferred: int = 0  # attributed to a program from its prefix
+    none: int = 0  # no program: served as under FCFS
+
+    def count(self, source: str) -> None:
+        setattr(self, source, getattr(self, source) + 1)
+
+
+@dataclass(slots=True)
 class FinishOutcome:
     pin: Optional[Pin] = None
     release: list[Pin] = field(default_factory=list)
@@ -185,6 +199,7 @@ class ContinuumController:
         self.admission = AdmissionCounters()
         self.sheds = ShedCounters()
         self.program_counters = ProgramCounters()
+        self.identity = IdentityCounters()
         self._terminal_tools = frozenset(settings.terminal_tools)
         self.reload_cost: Optional[ReloadCost] = None
         self._reload_heap: list[tuple[float, int, Pin]] = []  # (start time, seq, host pin)
@@ -208,6 +223,7 @@ class ContinuumController:
         rank = next(self._rank)
         now = self.clock()
         base = self.admission.admitted + max(0, waiting_ahead)
+        self.identity.count(meta.identified_by)
         if not meta.has_program:
             return TurnTag(meta, rank, rank, now, queued_at=now, overtake_base=base)
         state, ret = self.programs.turn_arrived(meta.program_id, now, rank)
@@ -468,6 +484,8 @@ class ContinuumController:
         adapter never calls this when holding back would idle the engine."""
         if not self.settings.admission_control or not tag.meta.has_program:
             return False
+        if tag.meta.source == SOURCE_INFERRED:
+            return False  # a continuation found by prefix: its context is already the pool's business
         state = self.programs.get(tag.meta.program_id)
         if state is None or state.turns_admitted > 0 or self.programs.working_programs == 0:
             return False
@@ -570,6 +588,7 @@ class ContinuumController:
             "admission": counter_values(self.admission),
             "sheds": counter_values(self.sheds),
             "programs": counter_values(self.program_counters),
+            "identity": counter_values(self.identity),
         }
 
     def merge_peer_samples(self, samples: list[Sample]) -> None:

@@ -1,9 +1,12 @@
 """Per-request program metadata: which agent program a turn belongs to, and whether it is the last.
 
 Clients put these keys in ``custom_params`` (OpenAI ``extra_body={"custom_params": {...}}``, native
-``/generate`` ``sampling_params.custom_params``). ``session_id`` stands in for the program id when no
-explicit one is given. Malformed values are reported once per program and ignored: a request whose
-program id cannot be read is served exactly as under FCFS.
+``/generate`` ``sampling_params.custom_params``). The program id is read, in order of trust, from
+``custom_params.program_id``, SGLang's ``session_id``, and SGLang's routing key (the
+``X-SMG-Routing-Key`` header of the OpenAI endpoints, or ``routing_key`` in a native ``/generate``
+body); a request with none of them may still be attributed to a program from its prefix
+(``program_inference.py``). Malformed values are reported once per program and ignored: a request
+whose program id cannot be read is served exactly as under FCFS.
 """
 
 from __future__ import annotations
@@ -22,6 +25,14 @@ STEP_KEY = "step"  # optional: the turn's 1-based position in its program
 PROGRAM_ID_ALIASES = (PROGRAM_ID_KEY, "job_id")
 LAST_STEP_ALIASES = (LAST_STEP_KEY, "last_step")
 
+# Where a request's program id came from (``ProgramMeta.source``; counted per source in /metrics).
+SOURCE_PROGRAM_ID = "program_id"
+SOURCE_SESSION_ID = "session_id"
+SOURCE_ROUTING_KEY = "routing_key"
+SOURCE_INFERRED = "inferred"
+SOURCE_NONE = "none"
+SOURCES = (SOURCE_PROGRAM_ID, SOURCE_SESSION_ID, SOURCE_ROUTING_KEY, SOURCE_INFERRED, SOURCE_NONE)
+
 MAX_PROGRAM_ID_LEN = 256
 MAX_TOOL_NAME_LEN = 128
 _TRUE = {"1", "true", "yes", "on"}
@@ -34,10 +45,18 @@ class ProgramMeta:
     is_last_step: bool = False
     tool_name: Optional[str] = None
     step: Optional[int] = None
+    source: Optional[str] = None  # one of SOURCES; None: program_id if there is one (built by hand)
 
     @property
     def has_program(self) -> bool:
         return self.program_id is not None
+
+    @property
+    def identified_by(self) -> str:
+        """Where the program id came from (``SOURCES``)."""
+        if self.source is not None:
+            return self.source
+        return SOURCE_PROGRAM_ID if self.program_id is not None else SOURCE_NONE
 
 
 NO_PROGRAM = ProgramMeta()
@@ -127,23 +146,28 @@ def parse_program_meta(
     custom_params: Any,
     session_id: Any = None,
     report: Optional[Callable[[Optional[str], str], None]] = None,
+    routing_key: Any = None,
 ) -> ProgramMeta:
-    """Read program metadata; never raises. Bad fields are reported and treated as absent."""
+    """Read program metadata; never raises. Bad fields are reported and treated as absent.
+    The program id is ``custom_params``'s, else ``session_id``, else ``routing_key``."""
     report = report or (lambda pid, problem: logger.warning("continuum: %s (program=%s)", problem, pid))
     params: Mapping[str, Any] = custom_params if isinstance(custom_params, Mapping) else {}
     if custom_params is not None and not isinstance(custom_params, Mapping):
         report(None, f"custom_params must be an object, got {type(custom_params).__name__}")
 
     program_id: Optional[str] = None
+    source = SOURCE_PROGRAM_ID
     try:
         program_id = _read_program_id(_first(params, PROGRAM_ID_ALIASES))
     except _Malformed as exc:
         report(None, str(exc))
-    if program_id is None and session_id is not None:
+    for fallback, name in ((session_id, SOURCE_SESSION_ID), (routing_key, SOURCE_ROUTING_KEY)):
+        if program_id is not None or fallback is None:
+            continue
         try:
-            program_id = _read_program_id(session_id)
+            program_id, source = _read_program_id(fallback), name
         except _Malformed as exc:
-            report(None, f"session_id: {exc}")
+            report(None, f"{name}: {exc}")
     if program_id is None:
         return NO_PROGRAM
 
@@ -162,4 +186,4 @@ def parse_program_meta(
         step = _read_step(params.get(STEP_KEY))
     except _Malformed as exc:
         report(program_id, str(exc))
-    return ProgramMeta(program_id=program_id, is_last_step=is_last, tool_name=tool_name, step=step)
+    return ProgramMeta(program_id=program_id, is_last_step=is_last, tool_name=tool_name, step=step, source=source)

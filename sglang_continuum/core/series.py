@@ -4,6 +4,7 @@ reports and the README all use (``tests/unit/test_series.py`` checks the README 
 ``source`` names where the value lives: ``counters.<field>`` (``PinCounters``),
 ``host.<field>`` (``HostCounters``), ``admission.<field>`` (``AdmissionCounters``),
 ``programs.<field>`` (``ProgramCounters``), ``sheds.<field>`` (``ShedCounters``),
+``identity.<field>`` (``IdentityCounters``),
 ``saver.<field>`` (``StatsSaver``), or ``gauge.<name>`` (computed by the exporter).
 """
 
@@ -149,6 +150,29 @@ SERIES: tuple[Series, ...] = (
         "programs.not_returned",
         "Programs that ended while out on a tool call (lowers that tool's return probability).",
     ),
+    # where each request's program id came from (README "Request metadata")
+    Series(
+        "requests_by_program_id",
+        "counter",
+        "identity.program_id",
+        "Requests whose program id came from custom_params.program_id.",
+    ),
+    Series(
+        "requests_by_session_id", "counter", "identity.session_id", "Requests whose program id was SGLang's session_id."
+    ),
+    Series(
+        "requests_by_routing_key",
+        "counter",
+        "identity.routing_key",
+        "Requests whose program id was SGLang's routing key (X-SMG-Routing-Key).",
+    ),
+    Series(
+        "requests_inferred",
+        "counter",
+        "identity.inferred",
+        "Requests with no id attributed to a program from their prefix (infer_programs).",
+    ),
+    Series("requests_without_program", "counter", "identity.none", "Requests served with no program (as under fcfs)."),
     # routing: did each program's turns reach one worker? (needs the client's step numbers)
     Series("programs_seen", "counter", "programs.seen", "Programs whose first turn seen here was new to this worker."),
     Series(

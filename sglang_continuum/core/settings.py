@@ -140,6 +140,22 @@ class ContinuumSettings(BaseModel):
     stats_exchange_interval_s: float = Field(0.1, gt=0, description="publish and merge at most this often")
     stats_exchange_history: int = Field(1024, ge=1, description="latest local samples a newly heard peer is sent")
 
+    # program identity for requests with no id (core/program_inference.py)
+    infer_programs: bool = Field(
+        True,
+        description="a request with no program id continues the program whose finished turn's context its "
+        "prompt extends (else starts a new inferred program); False: such requests are plain FCFS",
+    )
+    infer_divergence_tokens: int = Field(
+        32,
+        ge=0,
+        description="the deep key stops this many tokens before a finished context's end (a chat template may "
+        "re-render the end of the assistant message); the prompt key allows divergence anywhere in the output",
+    )
+    attribution_log: Optional[str] = Field(
+        None, description="JSONL file: the program each request with no id was attributed to (benchmarks)"
+    )
+
     # debugging
     check_integrity: bool = Field(False, description="check every invariant at idle (tests, debugging)")
     admission_log_path: Optional[str] = Field(

@@ -35,6 +35,7 @@ def emulate(
     env: Optional[dict[str, str]] = None,
     vocab: int = 1000,
     progress: bool = False,
+    no_ids: bool = False,
 ) -> dict:
     from sglang_continuum.bench.cli import parse_policy, tlru_config
     from sglang_continuum.workloads.schema import load_workload
@@ -82,6 +83,7 @@ def emulate(
             seed=seed,
             vocab=vocab,
             close_sessions=policy.partition("+")[0] == "session",
+            send_program_id=not no_ids,
             on_turn=(lambda t: bar.update(1)) if bar is not None else None,
         )
         result = driver.run(programs, jps)
@@ -127,6 +129,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--env", action="append", default=[], help="KEY=VALUE (repeatable)")
     ap.add_argument("--vocab", type=int, default=1000)
     ap.add_argument("--progress", action="store_true")
+    ap.add_argument("--no-ids", action="store_true", help="send no program metadata (programs are inferred)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     run = emulate(
@@ -141,6 +144,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         env=dict(kv.split("=", 1) for kv in args.env),
         vocab=args.vocab,
         progress=args.progress,
+        no_ids=args.no_ids,
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_bytes(orjson.dumps(run))

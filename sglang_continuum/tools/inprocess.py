@@ -61,6 +61,7 @@ def submit_request(
     max_new_tokens: int,
     custom_params: Optional[dict] = None,
     session_id: Optional[str] = None,
+    routing_key: Optional[str] = None,
 ):
     """Hand a request to the scheduler as the tokenizer manager would; return its queued ``Req``
     (None if the scheduler did not queue it)."""
@@ -85,6 +86,7 @@ def submit_request(
             token_ids_logprob=None,
             stream=False,
             session_id=session_id,
+            routing_key=routing_key,
         )
     )
     for req in reversed(scheduler.waiting_queue):
@@ -113,11 +115,18 @@ class SchedulerDriver:
         max_new_tokens: int = 4,
         custom_params: Optional[dict] = None,
         session_id: Optional[str] = None,
+        routing_key: Optional[str] = None,
         rid: Optional[str] = None,
     ) -> str:
         rid = rid or uuid.uuid4().hex
         req = submit_request(
-            self.s, rid, input_ids, max_new_tokens=max_new_tokens, custom_params=custom_params, session_id=session_id
+            self.s,
+            rid,
+            input_ids,
+            max_new_tokens=max_new_tokens,
+            custom_params=custom_params,
+            session_id=session_id,
+            routing_key=routing_key,
         )
         if req is not None:
             self.reqs[rid] = req

@@ -316,6 +316,52 @@ def bench_ttl_decision(sizes=(100, 10_000, 100_000)) -> list[dict]:
 DECODE_PROMPT = list(range(10, 210))  # the same 200-token prompt for every request and policy
 
 
+def bench_inference(live: int = 1000, prompt_tokens: int = 131_072) -> dict:
+    """Program inference per arrival (``infer_programs``): ``live`` inferred programs recorded at
+    context lengths spread up to ``prompt_tokens``, then a ``prompt_tokens``-long prompt (SGLang's
+    ``array('q')``) that extends one of them, or none. Also a finished turn's record."""
+    from array import array
+
+    import numpy as np
+
+    from sglang_continuum.core.program_inference import ProgramIndex
+
+    rng = np.random.default_rng(0)
+    index = ProgramIndex(divergence_tokens=32)
+
+    def ids(n: int) -> array:
+        out = array("q")
+        out.frombytes(rng.integers(5, 128_000, n, dtype=np.int64).tobytes())
+        return out
+
+    lengths = np.linspace(1_000, prompt_tokens - 2_000, live).astype(int)
+    for i, n in enumerate(lengths[:-1]):
+        ctx = ids(int(n))
+        index.record(f"p{i}", ctx, int(n) - 200, int(n))
+    target = ids(int(lengths[-1]))
+    prompt = target + ids(prompt_tokens - len(target))
+    stranger = ids(prompt_tokens)
+
+    def record() -> None:
+        index.record("target", target, len(target) - 200, len(target))
+
+    record()
+    matched = timeit(lambda: index.match(prompt), 50, setup=record)
+    assert index.match(prompt) is None  # consumed by the last timed match
+    record()
+    unmatched = timeit(lambda: index.match(stranger), 50)
+    recorded = timeit(record, 50)
+    return {
+        "live_programs": len(index),
+        "prompt_tokens": prompt_tokens,
+        "distinct_lengths": len(index._lengths),
+        "arrival_matched": matched,
+        "arrival_unmatched": unmatched,
+        "record_finished_turn": recorded,
+        "explicit_id": "not looked up: tag_request consults inference only for requests with no program id",
+    }
+
+
 def bench_decode(model_path: str, servers: int, batches: int, requests: int, new_tokens: int) -> dict:
     import concurrent.futures
 
@@ -369,6 +415,7 @@ def main(argv=None) -> int:
     ap.add_argument("--decode", action="store_true", help="only the end-to-end decode A/B on live servers")
     ap.add_argument("--servers", type=int, default=6, help="--decode: server pairs (fcfs + continuum)")
     ap.add_argument("--stats-exchange", action="store_true", help="only shared tool statistics' cost per step")
+    ap.add_argument("--inference", action="store_true", help="only program inference's cost per arrival")
     args = ap.parse_args(argv)
     machine = {"cpu_count": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
     if args.stats_exchange:
@@ -388,6 +435,20 @@ def main(argv=None) -> int:
             )
         lj = x["late_join"]
         print(f"  a worker starting late held {lj['samples']}/{lj['expected']} peer samples after {lj['warm_s']:.2f} s")
+        print(f"report: {args.out}")
+        return 0
+    if args.inference:
+        report = {"machine": machine, "inference": bench_inference(live=1000, prompt_tokens=131_072)}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2))
+        x = report["inference"]
+        print(
+            f"program inference, {x['live_programs']} live inferred programs, {x['prompt_tokens']}-token prompt: "
+            f"arrival (matched) {x['arrival_matched']['median_us'] / 1000:.3f} ms median "
+            f"({x['arrival_matched']['p90_us'] / 1000:.3f} p90), arrival (no match) "
+            f"{x['arrival_unmatched']['median_us'] / 1000:.3f} ms, a finished turn's record "
+            f"{x['record_finished_turn']['median_us'] / 1000:.3f} ms; explicit ids: {x['explicit_id']}"
+        )
         print(f"report: {args.out}")
         return 0
     if args.decode:

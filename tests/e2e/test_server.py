@@ -102,6 +102,44 @@ def test_native_generate_with_session_id_as_program(continuum_server):
     assert final["sglang:continuum_pinned_programs"] == 0
 
 
+def test_routing_key_header_alone_makes_a_program(continuum_server):
+    """A plain OpenAI client behind smg sends only X-SMG-Routing-Key: SGLang puts it on the
+    request, and it is the program id (turn 2 hits turn 1's pin)."""
+    from sglang_continuum.client import routing_headers
+
+    client = OpenAI(base_url=continuum_server.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    before = parse_metrics(continuum_server.metrics())
+    messages = [{"role": "user", "content": text(60, 41)}]
+    r1 = client.chat.completions.create(
+        model="m",
+        messages=messages,
+        max_tokens=8,
+        extra_body={"ignore_eos": True},
+        extra_headers=routing_headers("rk-e2e"),
+    )
+    pinned = parse_metrics(continuum_server.metrics())
+    assert pinned["sglang:continuum_pins_created_total"] == before["sglang:continuum_pins_created_total"] + 1
+    messages += [
+        {"role": "assistant", "content": r1.choices[0].message.content},
+        {"role": "user", "content": text(8, 42)},
+    ]
+    r2 = client.chat.completions.create(
+        model="m",
+        messages=messages,
+        max_tokens=4,
+        extra_body={"ignore_eos": True},
+        extra_headers=routing_headers("rk-e2e"),
+    )
+    assert r2.usage.prompt_tokens_details.cached_tokens >= r1.usage.prompt_tokens
+    after = parse_metrics(continuum_server.metrics())
+    key = "sglang:continuum_requests_by_routing_key_total"
+    assert after[key] - before.get(key, 0) == 2
+    assert after["sglang:continuum_pin_hits_total"] == before["sglang:continuum_pin_hits_total"] + 1
+    httpx.post(continuum_server.url + RELEASE_PATH, json=release_body("rk-e2e"), timeout=30)
+    done = wait_for_metrics(continuum_server, lambda m: m["sglang:continuum_pinned_programs"] == 0)
+    assert done["sglang:continuum_pinned_programs"] == 0
+
+
 def test_frontend_program_carries_its_program_id(continuum_server):
     import sglang as sgl
 

@@ -38,6 +38,7 @@ def driver(tiny_model, tmp_path_factory):
         "SGLANG_CONTINUUM_STATS_PATH": str(stats_path),
         "SGLANG_CONTINUUM_PREFILL_PROFILE": str(profile),
         "SGLANG_CONTINUUM_PIN_BUDGET_FRACTION": "0.6",
+        # requests with no id are plain fillers here (test_program_identity.py covers inference)
     }
     mp = pytest.MonkeyPatch()
     for k, v in env.items():

@@ -442,3 +442,20 @@ def test_affine_slot_is_stable_and_spreads():
     assert slots == [affine_slot(f"prog-{i}", 4) for i in range(400)]
     assert set(slots) == {0, 1, 2, 3} and max(slots.count(s) for s in range(4)) < 140
     assert affine_slot("x", 1) == 0
+
+
+def test_arrivals_are_counted_by_where_their_program_id_came_from():
+    c, _ = make()
+    c.turn_arrived(ProgramMeta("a"))
+    c.turn_arrived(ProgramMeta("b", source="session_id"))
+    c.turn_arrived(ProgramMeta("c", source="routing_key"))
+    c.turn_arrived(ProgramMeta("c", source="routing_key"))
+    c.turn_arrived(ProgramMeta("d", source="inferred"))
+    c.turn_arrived(ProgramMeta())
+    assert c.snapshot()["identity"] == {
+        "program_id": 1,
+        "session_id": 1,
+        "routing_key": 2,
+        "inferred": 1,
+        "none": 1,
+    }

@@ -1,6 +1,6 @@
 import pytest
 
-from sglang_continuum.core.metadata import NO_PROGRAM, MalformedReporter, parse_program_meta
+from sglang_continuum.core.metadata import NO_PROGRAM, MalformedReporter, ProgramMeta, parse_program_meta
 
 
 def test_reads_program_id_last_step_and_tool():
@@ -17,6 +17,26 @@ def test_aliases_and_session_id_fallback():
     assert parse_program_meta({"job_id": 5, "last_step": True}).program_id == "5"
     assert parse_program_meta(None, session_id="s-1").program_id == "s-1"
     assert parse_program_meta({"program_id": "x"}, session_id="s-1").program_id == "x"
+
+
+def test_program_id_sources_in_order_of_trust():
+    both = {"routing_key": "rk", "session_id": "s"}
+    assert parse_program_meta({"program_id": "p"}, **both).identified_by == "program_id"
+    assert parse_program_meta(None, **both).program_id == "s"
+    assert parse_program_meta(None, **both).identified_by == "session_id"
+    m = parse_program_meta({"is_last_step": True, "tool_name": "bash"}, routing_key="rk")
+    assert (m.program_id, m.identified_by, m.is_last_step, m.tool_name) == ("rk", "routing_key", True, "bash")
+    assert parse_program_meta(None).identified_by == "none"
+    assert ProgramMeta("by-hand").identified_by == "program_id"  # tests and tools build metas directly
+
+
+def test_malformed_routing_key_is_reported_and_ignored():
+    problems = []
+    m = parse_program_meta(None, routing_key="bad\nkey", report=lambda pid, p: problems.append(p))
+    assert m is NO_PROGRAM and problems and problems[0].startswith("routing_key")
+    # a malformed session id falls through to the routing key
+    m = parse_program_meta(None, session_id="", routing_key="rk", report=lambda pid, p: problems.append(p))
+    assert (m.program_id, m.identified_by) == ("rk", "routing_key")
 
 
 def test_no_metadata_is_no_program():

@@ -5,6 +5,7 @@ from pathlib import Path
 from sglang_continuum.core.controller import (
     AdmissionCounters,
     HostCounters,
+    IdentityCounters,
     PinCounters,
     ProgramCounters,
     ShedCounters,
@@ -29,6 +30,7 @@ def test_every_counter_field_is_exported_once():
         ("admission", AdmissionCounters),
         ("programs", ProgramCounters),
         ("sheds", ShedCounters),
+        ("identity", IdentityCounters),
     ):
         for field in counters.__dataclass_fields__:
             assert f"{group}.{field}" in sources, f"{group}.{field} has no series"

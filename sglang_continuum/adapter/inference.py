@@ -1,0 +1,107 @@
+"""Program identity inferred from the prefix (``infer_programs``): the adapter side.
+
+Only requests that carry no program id reach this code (a request with an explicit id pays one
+``if``). At arrival, the request's prompt ids (SGLang's ``Req.origin_input_ids``, an
+``array('q')`` hashed without a copy) are matched against the contexts of finished turns
+(``core/program_inference.py``). A request that continues one is a turn of that program: same
+pins, budget, shedding and ending rules as any program id. A request that continues nothing is
+served exactly as under FCFS (no program: no pin, no program order, no admission control) --
+single-shot traffic never pays for pins -- but its finished context is remembered under a
+*provisional* program id, so that its next turn, if one comes, makes it a program. An agent's
+first tool gap therefore goes unpinned; every later one is pinned like an explicit program's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Callable, Optional
+
+import orjson
+
+from sglang_continuum.core.metadata import SOURCE_INFERRED, SOURCE_NONE, ProgramMeta
+from sglang_continuum.core.program_inference import ProgramIndex
+from sglang_continuum.core.settings import ContinuumSettings
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import Req
+
+logger = logging.getLogger(__name__)
+PROVISIONAL_ATTR = "_continuum_provisional"  # the provisional program id of a request with no program
+
+
+def is_inferred(meta: ProgramMeta) -> bool:
+    """The program id was made here (a continuation found by prefix, or a new inferred program)."""
+    return meta.has_program and meta.source in (SOURCE_INFERRED, SOURCE_NONE)
+
+
+class ProgramInference:
+    def __init__(self, settings: ContinuumSettings, alive: Callable[[str], bool], *, write_log: bool = True) -> None:
+        self.index = ProgramIndex(
+            divergence_tokens=settings.infer_divergence_tokens, max_programs=settings.max_programs
+        )
+        self._registered = alive
+        self._provisional: OrderedDict[str, None] = OrderedDict()  # recorded, not (yet) a program; bounded
+        self._log = None
+        if settings.attribution_log and write_log:
+            self._log = open(settings.attribution_log, "ab", buffering=0)  # one write per line: readable while serving
+
+    def alive(self, program_id: str) -> bool:
+        """A recorded context may still be continued: its program is registered, or provisional."""
+        return program_id in self._provisional or self._registered(program_id)
+
+    def attribute(self, req: "Req") -> ProgramMeta:
+        """The program ``req`` (no explicit id) continues; else no program (a provisional id is
+        kept on the request for ``provisional_finished``)."""
+        pid = self.index.match(req.origin_input_ids, self.alive)
+        if pid is not None:
+            self._provisional.pop(pid, None)  # it is a program now
+            meta = ProgramMeta(pid, source=SOURCE_INFERRED)
+            logged = pid
+        else:
+            meta = ProgramMeta(None, source=SOURCE_NONE)
+            logged = self.index.new_program()
+            setattr(req, PROVISIONAL_ATTR, logged)
+        if self._log is not None:
+            self._write(req.rid, logged, meta.source)
+        return meta
+
+    def provisional_finished(self, req: "Req") -> None:
+        """A request with no program finished with its KV in the tree: remember its context under
+        its provisional id (bounded, oldest first), in case a next turn continues it."""
+        pid = getattr(req, PROVISIONAL_ATTR, None)
+        if pid is None:
+            return
+        self._record(pid, req)
+        self._provisional[pid] = None
+        while len(self._provisional) > self.index.max_programs:
+            self.index.forget(self._provisional.popitem(last=False)[0])
+
+    def turn_finished(self, meta: ProgramMeta, req: "Req") -> None:
+        """A turn of an inferred program finished with its KV in the tree: if its program goes on
+        (no terminal tool ended it), remember where its context ended."""
+        if not self._registered(meta.program_id):  # ended by this turn (terminal tool) or forgotten
+            self.index.forget(meta.program_id)
+            return
+        self._record(meta.program_id, req)
+
+    def _record(self, program_id: str, req: "Req") -> None:
+        prompt = len(req.origin_input_ids)
+        try:
+            context = req.origin_input_ids + req.output_ids  # array('q') in SGLang 0.5.23
+        except TypeError:
+            context = list(req.origin_input_ids) + list(req.output_ids)
+        if prompt > 0:
+            self.index.record(program_id, context, prompt, len(context))
+
+    def _write(self, rid: Optional[str], program_id: str, source: str) -> None:
+        try:
+            line = {"rid": rid, "program_id": program_id, "source": source}
+            self._log.write(orjson.dumps(line) + b"\n")
+        except (OSError, TypeError):  # a debugging aid must never take serving down
+            logger.exception("continuum: attribution log write failed; logging off")
+            self._log = None
+
+    def check_integrity(self) -> None:
+        self.index.check_integrity()
+        assert len(self._provisional) <= self.index.max_programs, "provisional programs over the bound"

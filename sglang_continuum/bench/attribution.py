@@ -1,0 +1,64 @@
+"""How well the server inferred programs for a replay that sent no ids (``continuum-bench --no-ids``).
+
+The server writes, per request with no id, the program it attributed the request to
+(``attribution_log``: JSONL ``{"rid", "program_id", "source"}``; ``source`` is ``inferred`` for a
+continuation found by prefix, ``none`` for a new inferred program). The replay names each request
+``<program>#<turn>`` (SGLang's ``rid``), so the truth is known: turn ``i >= 1`` of a program is
+attributed right when it continues the program its turn ``i - 1`` was attributed to.
+
+* recall = turns after the first attributed right / turns after the first;
+* precision = turns attributed right / requests the server attributed to an earlier program.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Optional
+
+import orjson
+
+
+def turn_rid(program_id: str, turn: int) -> str:
+    return f"{program_id}#{turn}"
+
+
+def read_log(path: Path) -> dict[str, tuple[str, str]]:
+    """rid -> (program id, source); unreadable lines are skipped (a crash may cut the last one)."""
+    out: dict[str, tuple[str, str]] = {}
+    if not path.is_file():
+        return out
+    for line in path.read_bytes().splitlines():
+        try:
+            row = orjson.loads(line)
+            out[str(row["rid"])] = (str(row["program_id"]), str(row["source"]))
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            continue
+    return out
+
+
+def score(programs: Iterable[tuple[str, int]], log: dict[str, tuple[str, str]]) -> dict[str, Optional[float]]:
+    """``programs``: (program id, turns sent) per replayed program."""
+    later = right = continued = unlogged = 0
+    for pid, turns in programs:
+        previous = None
+        for i in range(turns):
+            got = log.get(turn_rid(pid, i))
+            if got is None:
+                unlogged += 1
+                previous = None
+                continue
+            assigned, source = got
+            if source == "inferred":
+                continued += 1
+            if i >= 1:
+                later += 1
+                right += source == "inferred" and previous is not None and assigned == previous
+            previous = assigned
+    return {
+        "turns_after_first": later,
+        "attributed_right": right,
+        "attributed_to_earlier_program": continued,
+        "unlogged_requests": unlogged,
+        "recall": right / later if later else None,
+        "precision": right / continued if continued else None,
+    }

@@ -1,0 +1,124 @@
+"""Tier 2: where a request's program id comes from, with SGLang's real Scheduler in this process.
+
+SGLang's routing key (``Req.routing_key``, from ``X-SMG-Routing-Key``) and the prefix itself
+(``infer_programs``, on by default). A scheduler of its own: what the cost model learns about the
+``unknown`` tool class (plain requests never return) must not leak in from other modules.
+"""
+
+import random
+
+import pytest
+
+from sglang_continuum.tools.inprocess import SchedulerDriver, build_scheduler
+
+pytestmark = pytest.mark.sglang
+
+
+@pytest.fixture(scope="module")
+def driver(tiny_model):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SGLANG_CONTINUUM_TTL_MODEL", "fixed")
+    mp.setenv("SGLANG_CONTINUUM_FIXED_TTL_S", "60")
+    mp.setenv("SGLANG_CONTINUUM_CHECK_INTEGRITY", "1")
+    sched = build_scheduler(tiny_model, max_total_tokens=1024)
+    yield SchedulerDriver(sched)
+    mp.undo()
+
+
+def tokens(rng, n, vocab=500):
+    return [rng.randrange(5, vocab) for _ in range(n)]
+
+
+def meta(pid, last=False):
+    return {"program_id": pid, "is_last_step": last}
+
+
+def drain_pins(driver):
+    cache = driver.s.tree_cache
+    for pin in cache.controller.pins:
+        cache.end_program(pin.program_id)
+
+
+def test_routing_key_alone_makes_a_program_whose_next_turn_hits_its_pin(driver):
+    """SGLang puts the X-SMG-Routing-Key header on ``Req.routing_key``: with no other id it is
+    the program id (smg-routed traffic, bench_serving's routing keys)."""
+    rng = random.Random(11)
+    drain_pins(driver)
+    cache = driver.s.tree_cache
+    identity = cache.controller.identity
+    before = (identity.routing_key, cache.controller.counters.hits)
+    ctx = tokens(rng, 120)
+    r1 = driver.submit(ctx, max_new_tokens=6, routing_key="rk-7")
+    driver.run_until_idle()
+    pin = cache.controller.pins.get("rk-7")
+    assert pin is not None and pin.tokens == len(ctx) + 6 - 1
+    previous = ctx + driver.output_ids(r1)
+    r2 = driver.submit(previous + tokens(rng, 10), max_new_tokens=4, routing_key="rk-7")
+    driver.run_until_idle()
+    assert driver.req(r2).cached_tokens == len(previous) - 1
+    assert (identity.routing_key, cache.controller.counters.hits) == (before[0] + 2, before[1] + 1)
+    # a program id in custom_params wins over the routing key
+    driver.submit(tokens(rng, 30), max_new_tokens=2, routing_key="rk-8", custom_params=meta("explicit", last=True))
+    driver.run_until_idle()
+    assert identity.routing_key == before[0] + 2 and "rk-8" not in cache.controller.programs
+    drain_pins(driver)
+
+
+def test_a_program_with_no_ids_is_inferred_from_its_prefix_and_hits_its_pin(driver):
+    """No custom_params, session id or routing key. Turn 1 is served exactly as under fcfs (no
+    program, no pin) but its context is remembered; turn 2's prompt extends it, so turn 2 is a
+    turn of an inferred program (pinned when it finishes) and turn 3 is admitted onto that pin,
+    even with the end of turn 2's output re-rendered differently. A request with an explicit id is
+    never looked up."""
+    rng = random.Random(12)
+    drain_pins(driver)
+    cache = driver.s.tree_cache
+    controller, identity = cache.controller, cache.controller.identity
+    before = (identity.inferred, identity.none, controller.counters.hits, controller.counters.created)
+    ctx = tokens(rng, 150)
+    r1 = driver.submit(ctx, max_new_tokens=6)
+    driver.run_until_idle()
+    tag1 = driver.req(r1)._continuum_tag
+    assert tag1.meta.program_id is None and controller.counters.created == before[3]  # served as fcfs
+    provisional = driver.req(r1)._continuum_provisional
+    assert provisional in cache.inference.index
+    previous = ctx + driver.output_ids(r1)
+    r2 = driver.submit(previous + tokens(rng, 12), max_new_tokens=4)
+    driver.run_until_idle()
+    tag2 = driver.req(r2)._continuum_tag
+    pid = tag2.meta.program_id
+    assert (pid, tag2.meta.source) == (provisional, "inferred")
+    assert driver.req(r2).cached_tokens == len(previous) - 1  # unpinned, but nothing evicted it
+    assert controller.pins.get(pid) is not None  # an inferred program's turn is pinned
+    # turn 3 extends turn 2's context with the end of turn 2's output re-rendered differently
+    out2 = driver.output_ids(r2)
+    context2 = previous + driver.req(r2).origin_input_ids[len(previous) :].tolist()
+    r3 = driver.submit(context2 + out2[:-1] + [3, 4], max_new_tokens=2)
+    driver.run_until_idle()
+    assert driver.req(r3)._continuum_tag.meta.program_id == pid
+    assert driver.req(r3).cached_tokens >= len(context2) + len(out2) - 2
+    assert (identity.inferred, identity.none, controller.counters.hits) == (before[0] + 2, before[1] + 1, before[2] + 1)
+    # an explicit id extending the same context is its own program, and inference is not consulted
+    lookups = cache.inference.index.attributed
+    r4 = driver.submit(previous + tokens(rng, 12), max_new_tokens=2, custom_params=meta("explicit-4", last=True))
+    driver.run_until_idle()
+    assert driver.req(r4)._continuum_tag.meta.program_id == "explicit-4"
+    assert cache.inference.index.attributed == lookups
+    cache.end_program(pid)
+    drain_pins(driver)
+    cache.check_integrity()
+
+
+def test_single_shot_requests_never_pin_and_are_forgotten_within_the_bound(driver):
+    """Plain requests that nobody continues cost no pin, and what inference remembers of them
+    stays within ``max_programs``."""
+    rng = random.Random(13)
+    drain_pins(driver)
+    cache = driver.s.tree_cache
+    created = cache.controller.counters.created
+    for _ in range(6):
+        driver.submit(tokens(rng, 40), max_new_tokens=2)
+    driver.run_until_idle()
+    assert cache.controller.counters.created == created and not len(cache.controller.pins)
+    assert len(cache.inference._provisional) <= cache.inference.index.max_programs
+    cache.check_integrity()

@@ -1,0 +1,150 @@
+"""Program identity from the prefix: the pure index (core/program_inference.py)."""
+
+import random
+from array import array
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang_continuum.core.program_inference import PrefixHasher, ProgramIndex
+
+
+def ids(rng, n):
+    return [rng.randrange(5, 50_000) for _ in range(n)]
+
+
+def finished(index, pid, prompt, output):
+    index.record(pid, prompt + output, len(prompt), len(prompt) + len(output))
+    return prompt + output
+
+
+def test_prefix_hashes_agree_for_lists_and_sglang_arrays_and_tell_prefixes_apart():
+    rng = random.Random(0)
+    a = ids(rng, 300)
+    b = a[:200] + ids(rng, 100)
+    h = PrefixHasher()
+    ha, hb, harr = h.hashes(a, 300), h.hashes(b, 300), h.hashes(array("q", a), 300)
+    assert (ha == harr).all()
+    assert (ha[:200] == hb[:200]).all() and not (ha[200:] == hb[200:]).any()
+    assert h.key([0, 0], 2) != h.key([0, 0, 0], 3)  # token 0 still counts
+
+
+def test_next_turn_continues_the_program_and_consumes_its_keys():
+    rng = random.Random(1)
+    index = ProgramIndex(divergence_tokens=8)
+    ctx = finished(index, "p", ids(rng, 100), ids(rng, 20))
+    assert index.match(ctx + ids(rng, 30)) == "p"
+    assert len(index) == 0 and index.match(ctx + ids(rng, 30)) is None  # consumed: the next finish re-records
+    index.check_integrity()
+
+
+def test_a_prompt_that_does_not_extend_a_context_is_no_ones():
+    rng = random.Random(2)
+    index = ProgramIndex()
+    prompt = ids(rng, 100)
+    finished(index, "p", prompt, ids(rng, 20))
+    assert index.match(prompt) is None  # a retry of the same turn is not its next turn
+    assert index.match(prompt[:50]) is None
+    assert index.match(ids(rng, 200)) is None
+    assert index.match(prompt[:99] + ids(rng, 60)) is None  # diverges inside the previous prompt
+    assert "p" in index
+
+
+@pytest.mark.parametrize("divergence", [0, 1, 8])
+def test_a_re_rendered_end_of_the_output_within_d_still_matches(divergence):
+    rng = random.Random(3)
+    index = ProgramIndex(divergence_tokens=8)
+    prompt, out = ids(rng, 100), ids(rng, 40)
+    finished(index, "p", prompt, out)
+    rerendered = out[: len(out) - divergence] + ids(rng, divergence)
+    assert index.match(prompt + rerendered + ids(rng, 10)) == "p"
+
+
+def test_a_wholly_re_rendered_output_matches_by_the_prompt_key():
+    rng = random.Random(4)
+    index = ProgramIndex(divergence_tokens=8)
+    prompt = ids(rng, 100)
+    finished(index, "p", prompt, ids(rng, 40))
+    assert index.match(prompt + ids(rng, 25)) == "p"  # reasoning stripped from the history, say
+
+
+def test_of_two_programs_forked_from_one_prompt_the_one_whose_output_is_continued_wins():
+    rng = random.Random(5)
+    index = ProgramIndex(divergence_tokens=4)
+    prompt = ids(rng, 100)
+    ctx_a = finished(index, "a", prompt, ids(rng, 30))
+    ctx_b = finished(index, "b", prompt, ids(rng, 30))
+    assert index.match(ctx_a + ids(rng, 5)) == "a"
+    assert index.match(ctx_b + ids(rng, 5)) == "b"
+
+
+def test_programs_that_are_gone_are_skipped_and_forgotten():
+    rng = random.Random(6)
+    index = ProgramIndex()
+    prompt = ids(rng, 50)
+    ctx = finished(index, "old", prompt, ids(rng, 10))
+    assert index.match(ctx + [7], alive=lambda pid: pid != "old") is None
+    assert "old" not in index
+    index.check_integrity()
+
+
+def test_the_index_is_bounded_oldest_first():
+    rng = random.Random(7)
+    index = ProgramIndex(max_programs=3)
+    contexts = [finished(index, f"p{i}", ids(rng, 20), ids(rng, 5)) for i in range(5)]
+    assert len(index) == 3 and index.dropped == 2
+    assert index.match(contexts[0] + [9]) is None and index.match(contexts[4] + [9]) == "p4"
+    index.check_integrity()
+
+
+def test_recording_again_replaces_a_programs_keys():
+    rng = random.Random(8)
+    index = ProgramIndex()
+    first = finished(index, "p", ids(rng, 30), ids(rng, 5))
+    second = finished(index, "p", first + ids(rng, 10), ids(rng, 5))
+    assert index.match(first + ids(rng, 3)) is None
+    assert index.match(second + ids(rng, 3)) == "p"
+
+
+def test_bad_lengths_are_refused():
+    with pytest.raises(ValueError):
+        ProgramIndex().record("p", [1, 2, 3], 0, 3)
+    with pytest.raises(ValueError):
+        ProgramIndex().record("p", [1, 2, 3], 2, 4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["finish", "next", "stranger", "forget"]), st.integers(0, 5), st.integers(1, 40)),
+        max_size=40,
+    ),
+    st.integers(0, 16),
+)
+def test_programs_are_followed_through_random_interleavings(ops, divergence):
+    """Six programs with disjoint histories, turns finishing and returning in any order: every
+    returning turn is attributed to its own program, strangers to none."""
+    rng = random.Random(9)
+    index = ProgramIndex(divergence_tokens=divergence, max_programs=4)
+    contexts = {f"p{i}": [1000 * (i + 1)] + ids(rng, 10) for i in range(6)}
+    recorded: set[str] = set()
+    for op, i, n in ops:
+        pid = f"p{i}"
+        if op == "finish":
+            prompt = contexts[pid]
+            contexts[pid] = finished(index, pid, prompt, ids(rng, n))
+            recorded.add(pid)
+        elif op == "next":
+            got = index.match(contexts[pid] + ids(rng, n))
+            if got is not None:
+                assert got == pid
+                recorded.discard(pid)
+            else:
+                assert pid not in index  # never recorded, consumed, or dropped by the bound
+        elif op == "stranger":
+            assert index.match([7] + ids(rng, n)) is None
+        else:
+            index.forget(pid)
+        index.check_integrity()
+        assert set(index._keys) <= recorded
