@@ -61,6 +61,7 @@ class ClosedLoopDriver:
         send_program_id: bool = True,
         close_sessions: bool = False,
         on_turn: Optional[Callable[[TurnRecord], None]] = None,
+        host: Optional[engine.HostTransfers] = None,
     ) -> None:
         if vocab > engine.ACCOUNTING_VOCAB:
             raise ValueError(f"vocab {vocab} exceeds the accounting model's {engine.ACCOUNTING_VOCAB}")
@@ -73,6 +74,8 @@ class ClosedLoopDriver:
         self.close_sessions = close_sessions
         self.on_turn = on_turn
         self.busy_s = 0.0
+        self.host = host  # HiCache's transfers (None without it)
+        self.host_load_s = 0.0  # of busy_s: prefill steps waiting for KV loaded back from host
         self.steps = {"prefill": 0, "decode": 0, "idle_ticks": 0}
         self._events: list[tuple[float, int, int]] = []  # (send time, seq, program index)
         self._seq = 0
@@ -175,6 +178,12 @@ class ClosedLoopDriver:
             shape = engine.describe_batch(batch)
             if shape.is_prefill:
                 dt = self.latency.prefill_seconds(shape.extends)
+                if self.host is not None:
+                    # loads queued since the last prefill (this batch's load back, a predictive
+                    # reload): this batch waits on their layer events before reading that KV
+                    load_s = self.latency.host_load_seconds(self.host.take_unbilled())
+                    dt += load_s
+                    self.host_load_s += load_s
                 self.steps["prefill"] += 1
                 for req in batch.reqs:
                     entry = self._inflight.get(req.rid)
