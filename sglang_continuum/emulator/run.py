@@ -35,6 +35,7 @@ def emulate(
     env: Optional[dict[str, str]] = None,
     vocab: int = 1000,
     progress: bool = False,
+    marks: tuple[float, ...] = (60.0,),
 ) -> dict:
     from sglang_continuum.bench.cli import parse_policy, tlru_config
     from sglang_continuum.workloads.schema import load_workload
@@ -78,6 +79,13 @@ def emulate(
                 f"the accounting model has {engine.host_pool_bytes_per_token(scheduler)} host KV bytes per token; update the bandwidth scaling"
             )
         build_s = time.perf_counter() - t0
+        from prometheus_client import REGISTRY, generate_latest
+
+        metrics_at: dict[str, str] = {}
+
+        def on_mark(seconds: float) -> None:  # what a /metrics scrape at that time would read
+            metrics_at[f"{seconds:g}"] = generate_latest(REGISTRY).decode()
+
         bar = None
         if progress:
             from tqdm import tqdm
@@ -92,19 +100,20 @@ def emulate(
             close_sessions=policy.partition("+")[0] == "session",
             on_turn=(lambda t: bar.update(1)) if bar is not None else None,
             host=host,
+            marks=marks,
+            on_mark=on_mark,
         )
         result = driver.run(programs, jps)
         if bar is not None:
             bar.close()
         pool = engine.pool_accounting(scheduler)
-    from prometheus_client import REGISTRY, generate_latest
-
     return {
         "policy": policy,
         "seed": seed,
         "jps": jps,
         "replay": result.to_dict(),
         "metrics_after": generate_latest(REGISTRY).decode(),
+        "metrics_at": metrics_at,
         "emulator": {
             "profile": latency.name,
             "profile_path": str(profile_path),
