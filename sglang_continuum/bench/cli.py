@@ -295,6 +295,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.emulate:
             run = next(emulated)
             result = ReplayResult.from_dict(run["replay"], "", run["metrics_after"])
+            result.metrics_at = run.get("metrics_at", {})
             summary = summarize(result)
             if run.get("admissions"):
                 summary["admissions"] = run["admissions"]
@@ -548,7 +549,12 @@ def _print_run(desc: str, summary: dict) -> None:
         f"  {desc}: mean JCT {summary['jct_mean_s']:.2f}s, P95 {summary['jct_p95_s']:.2f}s, "
         f"cache hit {summary['cache_hit_ratio']:.1%}, max wait {summary['max_request_wait_s']:.2f}s, "
         f"failed requests {summary['failed_requests']}"
-        + (f", program affinity {summary['program_affinity']:.1%}" if "program_affinity" in summary else ""),
+        + (f", program affinity {summary['program_affinity']:.1%}" if "program_affinity" in summary else "")
+        + (
+            f", first 60 s: {summary['pins_created_60s']:.0f} pins, {summary['pin_hits_60s']:.0f} hits"
+            if "pins_created_60s" in summary
+            else ""
+        ),
         flush=True,
     )
 

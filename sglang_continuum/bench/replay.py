@@ -75,10 +75,12 @@ class ReplayResult:
     metrics_before: str = ""  # every scraped server's /metrics, concatenated (series sum over them)
     metrics_after: str = ""
     worker_metrics: list[tuple[str, str, str]] = field(default_factory=list)  # (url, before, after) each
+    metrics_at: dict[str, str] = field(default_factory=dict)  # seconds into the run -> /metrics then
 
     def to_dict(self) -> dict:
         return {
             "wall_s": self.wall_s,
+            "metrics_at": self.metrics_at,
             "programs": [
                 {
                     **{k: v for k, v in asdict(p).items() if k != "turns"},
@@ -101,7 +103,7 @@ class ReplayResult:
             )
             for p in data["programs"]
         ]
-        return cls(programs, data["wall_s"], metrics_before, metrics_after)
+        return cls(programs, data["wall_s"], metrics_before, metrics_after, metrics_at=data.get("metrics_at", {}))
 
 
 def arrival_times(n: int, jps: float, seed: int) -> list[float]:
@@ -136,6 +138,7 @@ class Replayer:
         close_sessions: bool = False,
         on_turn: Optional[Callable[[TurnRecord], None]] = None,
         metrics_urls: Optional[list[str]] = None,
+        scrape_at: tuple[float, ...] = (60.0,),
     ) -> None:
         if api not in ("sglang", "openai"):
             raise ValueError("api must be 'sglang' or 'openai'")
@@ -149,6 +152,7 @@ class Replayer:
         self.close_sessions = close_sessions  # --enable-session-radix-cache: release the session at program end
         self.on_turn = on_turn
         self.metrics_urls = metrics_urls  # the workers behind a router (default: ``url`` itself)
+        self.scrape_at = tuple(sorted(scrape_at))  # also scrape /metrics this many seconds in
         self.t0 = 0.0
 
     def _now(self) -> float:
@@ -260,11 +264,19 @@ class Replayer:
             urls = self.metrics_urls or [self.url]
             before = [await _metrics(client, u) for u in urls]
             self.t0 = time.perf_counter()
+            marks: dict[str, str] = {}
+            scraper = asyncio.create_task(self._scrape_marks(client, urls, marks))
             await asyncio.gather(*(self._program(client, p, r) for p, r in zip(programs, records)))
             wall = self._now()
+            scraper.cancel()  # marks past the end of the run are not scraped
             after = [await _metrics(client, u) for u in urls]
         per_worker = list(zip(urls, before, after)) if self.metrics_urls else []
-        return ReplayResult(records, wall, "\n".join(before), "\n".join(after), per_worker)
+        return ReplayResult(records, wall, "\n".join(before), "\n".join(after), per_worker, marks)
+
+    async def _scrape_marks(self, client: httpx.AsyncClient, urls: list[str], marks: dict[str, str]) -> None:
+        for at in self.scrape_at:
+            await asyncio.sleep(max(0.0, at - self._now()))
+            marks[f"{at:g}"] = "\n".join([await _metrics(client, u) for u in urls])
 
 
 async def _metrics(client: httpx.AsyncClient, url: str) -> str:

@@ -77,7 +77,22 @@ def summarize(result: ReplayResult) -> dict:
         # time-averaged programs in the system (Little's law over the run: sum of JCTs / makespan)
         "programs_in_system": float(jcts.sum()) / result.wall_s if result.wall_s and jcts.size else 0.0,
         **{k: after.get(v, 0.0) - before.get(v, 0.0) for k, v in PIN_SERIES.items()},
+        **counters_at(result.metrics_at, before),
     }
+
+
+EARLY_SERIES = ("pins_created", "pin_hits", "pin_expiries")
+
+
+def counters_at(metrics_at: dict[str, str], before: dict) -> dict:
+    """Pins made and hit by each mark (``pins_created_60s``...): how soon a fresh server pins."""
+    out = {}
+    for mark, text in metrics_at.items():
+        then = parse_metrics(text, prefix="sglang:")
+        for key in EARLY_SERIES:
+            series = PIN_SERIES[key]
+            out[f"{key}_{mark}s"] = then.get(series, 0.0) - before.get(series, 0.0)
+    return out
 
 
 COLUMNS = [

@@ -11,16 +11,22 @@
   programs, about 0 for memoryless ones; it scales how much of T a hit really saves.
 * ``PrefillReload(r)``: seconds to rebuild the context: prefill (``PrefillProfile``), or with a
   host tier the host-to-device transfer (``ReloadCost``, see ``offload.py``).
-* Cold start (threshold K): ``|S| <= K`` -> the optimum under Exp(1) tool times with eta = 1,
-  ``ln(B)`` for ``B > 1`` else 0; ``|S[f]| <= K`` -> the global CDF; otherwise the tool's own.
+* Cold start (threshold K): ``|S| <= K`` -> the optimum under exponential tool times,
+  ``m ln(B / m)`` for ``B > m`` else 0, with ``m`` the mean of the samples seen so far (the
+  paper's Exp(1), ``ln(B)``, before the first one); ``|S[f]| <= K`` -> the global CDF; otherwise
+  the tool's own. The paper fixes ``m`` = 1 s, a choice of unit: on tools that take 0.2 s and
+  misses that cost 0.5 s (the CPU demo, issue 24) it never pins, in minutes it would pin always.
+* Every decision's inputs are in ``Decision`` (logged at debug level), and the count of
+  decisions per branch, and of those that chose no pin, in ``signals()["decisions"]``.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -29,6 +35,8 @@ import numpy as np
 from sglang_continuum.core.offload import host_ttl
 from sglang_continuum.core.tool_stats import SampleWindow, ToolStats
 from sglang_continuum.core.ttl import TTLModel, TTLQuery, argmax_sorted
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -186,11 +194,38 @@ class _SignalModel(TTLModel):
 
 @dataclass(frozen=True, slots=True)
 class Decision:
+    """One TTL decision and every input it read (logged at debug level, counted in ``signals``)."""
+
     ttl: float
     source: str  # "cold" | "global" | "tool"
     benefit_s: float  # already scaled by return_p
-    samples: int
+    samples: int  # samples of the CDF read (global samples on a cold start)
     return_p: float = 1.0
+    tool: str = ""
+    context_tokens: int = 0
+    queue_delay_s: float = 0.0  # T
+    queue_delay_samples: int = 0
+    eta: float = 1.0
+    rebuild_s: float = 0.0  # PrefillReload(r)
+    tool_samples: int = 0  # |S[f]|
+
+
+@dataclass(slots=True)
+class DecisionCounts:
+    """Decisions per CDF branch, and how many of each chose no pin (ttl 0)."""
+
+    cold: int = 0
+    cold_zero: int = 0
+    global_cdf: int = 0
+    global_cdf_zero: int = 0
+    tool_cdf: int = 0
+    tool_cdf_zero: int = 0
+
+    def add(self, d: Decision) -> None:
+        name = {"cold": "cold", "global": "global_cdf", "tool": "tool_cdf"}[d.source]
+        setattr(self, name, getattr(self, name) + 1)
+        if d.ttl <= 0:
+            setattr(self, name + "_zero", getattr(self, name + "_zero") + 1)
 
 
 class CostModelTTL(_SignalModel):
@@ -201,6 +236,7 @@ class CostModelTTL(_SignalModel):
         self.k = settings.cold_start_k
         self.profile = profile or DEFAULT_PROFILE
         self.last: Optional[Decision] = None
+        self.decisions = DecisionCounts()
         self._ranks: dict[int, np.ndarray] = {}
 
     def rebuild_s(self, context_tokens: int) -> float:
@@ -212,6 +248,15 @@ class CostModelTTL(_SignalModel):
     def benefit_s(self, context_tokens: int) -> float:
         return self.queue_delay.mean * self.eta.eta + self.rebuild_s(context_tokens)
 
+    def cold_mean_s(self) -> float:
+        """The cold start's mean tool time: the mean of the samples seen so far, 1 s before any.
+        The paper's Exp(1) in seconds is a choice of unit: on tools that take 0.2 s (or 20 s) it
+        decides by a time scale the tools do not have."""
+        g = self.stats.global_samples
+        if len(g) == 0 or g.mean <= 0:
+            return 1.0
+        return g.mean
+
     def window_for(self, tool: str) -> tuple[Optional[SampleWindow], str]:
         """The CDF a decision for ``tool`` reads: (None, "cold") below K global samples."""
         if len(self.stats.global_samples) <= self.k:
@@ -222,14 +267,32 @@ class CostModelTTL(_SignalModel):
         # P(tau, f) = rho_f * F_f(tau) * survival: the pin pays only if the program comes back
         # (rho), before the deadline (F), and the pin was not shed meanwhile (survival)
         rho = self.stats.return_probability(query.tool) * self.pin_survival
-        benefit = rho * self.benefit_s(query.context_tokens)
+        rebuild = self.rebuild_s(query.context_tokens)
+        eta = self.eta.eta
+        benefit = rho * (self.queue_delay.mean * eta + rebuild)
         cap = self.settings.max_ttl_s
         window, source = self.window_for(query.tool)
         if window is None:
-            # (1 - e^-tau) B - tau is concave: its optimum within the cap is the capped optimum
-            ttl = min(math.log(benefit), cap) if benefit > 1.0 else 0.0
-            return Decision(ttl, source, benefit, len(self.stats.global_samples), rho)
-        return Decision(self._argmax(window, benefit, cap), source, benefit, len(window), rho)
+            ttl = exp_optimum(benefit, self.cold_mean_s(), cap)
+            samples = len(self.stats.global_samples)
+        else:
+            ttl = self._argmax(window, benefit, cap)
+            samples = len(window)
+        own = self.stats.tool(query.tool)
+        return Decision(
+            ttl,
+            source,
+            benefit,
+            samples,
+            rho,
+            tool=query.tool,
+            context_tokens=query.context_tokens,
+            queue_delay_s=self.queue_delay.mean,
+            queue_delay_samples=len(self.queue_delay),
+            eta=eta,
+            rebuild_s=rebuild,
+            tool_samples=0 if own is None else len(own),
+        )
 
     def host_ttl(self, query: TTLQuery, elapsed_s: float) -> float:
         if self.reload is None:
@@ -243,11 +306,37 @@ class CostModelTTL(_SignalModel):
             benefit,
             self.host_hold_cost,
             cap_s=self.settings.max_host_ttl_s,
+            cold_mean_s=self.cold_mean_s(),
         )
 
     def ttl(self, query: TTLQuery) -> float:
-        self.last = self.decide(query)
-        return self.last.ttl
+        d = self.last = self.decide(query)
+        self.decisions.add(d)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "continuum: ttl decision tool=%s ttl=%.3fs branch=%s cdf_samples=%d tool_samples=%d "
+                "T=%.3fs (%d misses) eta=%.3f reload=%.3fs (%d tokens) return_p=%.2f benefit=%.3fs",
+                d.tool,
+                d.ttl,
+                d.source,
+                d.samples,
+                d.tool_samples,
+                d.queue_delay_s,
+                d.queue_delay_samples,
+                d.eta,
+                d.rebuild_s,
+                d.context_tokens,
+                d.return_p,
+                d.benefit_s,
+            )
+        return d.ttl
+
+    def signals(self) -> dict:
+        out = super().signals()
+        out["decisions"] = asdict(self.decisions)
+        if self.last is not None:
+            out["last_decision"] = asdict(self.last)
+        return out
 
     def _argmax(self, window: SampleWindow, benefit: float, cap: float) -> float:
         if benefit <= 0:
@@ -259,6 +348,15 @@ class CostModelTTL(_SignalModel):
                 self._ranks.clear()
             ranks = self._ranks[s.size] = np.arange(1, s.size + 1, dtype=np.float64) / s.size
         return argmax_sorted(s, benefit, ranks, cap_s=cap)
+
+
+def exp_optimum(benefit_s: float, mean_s: float, cap_s: float = math.inf) -> float:
+    """``argmax over tau in [0, cap_s] of  (1 - e^(-tau/m)) * B - tau``, tool times ~ Exp(mean m):
+    ``m * ln(B / m)`` when ``B > m``, else 0. The objective is concave, so the optimum within the
+    cap is the capped optimum. ``m = 1`` is the paper's cold start."""
+    if not mean_s > 0:
+        raise ValueError("mean_s must be positive")
+    return min(mean_s * math.log(benefit_s / mean_s), cap_s) if benefit_s > mean_s else 0.0
 
 
 class BernsteinTTL(_SignalModel):

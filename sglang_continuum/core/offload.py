@@ -55,18 +55,28 @@ def remaining_samples(sorted_samples: np.ndarray, elapsed: float) -> np.ndarray:
 
 
 def host_ttl(
-    sorted_samples: Optional[np.ndarray], elapsed: float, benefit_s: float, hold_cost: float, *, cap_s: float = math.inf
+    sorted_samples: Optional[np.ndarray],
+    elapsed: float,
+    benefit_s: float,
+    hold_cost: float,
+    *,
+    cap_s: float = math.inf,
+    cold_mean_s: float = 1.0,
 ) -> float:
     """Seconds (from now) to protect the host copy; 0 means release it.
 
-    ``sorted_samples=None`` is the cold start: Exp(1) tool times, memoryless, so the conditioned
-    optimum is the unconditioned one, ``ln(benefit / hold_cost)`` when that is positive.
+    ``sorted_samples=None`` is the cold start: Exp tool times of mean ``cold_mean_s``, memoryless,
+    so the conditioned optimum is the unconditioned one, ``m * ln(benefit / (hold_cost * m))``
+    when that is positive.
     """
     if benefit_s <= 0:
         return 0.0
     ratio = benefit_s / hold_cost if hold_cost > 0 else math.inf
     if sorted_samples is None:
-        return min(math.log(ratio), cap_s) if ratio > 1.0 else 0.0
+        if math.isinf(ratio):
+            return cap_s
+        m = cold_mean_s
+        return min(m * math.log(ratio / m), cap_s) if ratio > m else 0.0
     rest = remaining_samples(sorted_samples, elapsed)
     if rest.size == 0:  # every observed call of this tool has returned by now
         return 0.0

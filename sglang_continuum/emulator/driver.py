@@ -14,7 +14,7 @@ step that first admitted the turn into a prefill batch.
 from __future__ import annotations
 
 import heapq
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -61,6 +61,9 @@ class ClosedLoopDriver:
         send_program_id: bool = True,
         close_sessions: bool = False,
         on_turn: Optional[Callable[[TurnRecord], None]] = None,
+        host: Optional[engine.HostTransfers] = None,
+        marks: Sequence[float] = (),
+        on_mark: Optional[Callable[[float], None]] = None,
     ) -> None:
         if vocab > engine.ACCOUNTING_VOCAB:
             raise ValueError(f"vocab {vocab} exceeds the accounting model's {engine.ACCOUNTING_VOCAB}")
@@ -73,6 +76,10 @@ class ClosedLoopDriver:
         self.close_sessions = close_sessions
         self.on_turn = on_turn
         self.busy_s = 0.0
+        self.host = host  # HiCache's transfers (None without it)
+        self.host_load_s = 0.0  # of busy_s: prefill steps waiting for KV loaded back from host
+        self._marks = sorted(marks)  # seconds after the start: ``on_mark`` at the first step past each
+        self.on_mark = on_mark
         self.steps = {"prefill": 0, "decode": 0, "idle_ticks": 0}
         self._events: list[tuple[float, int, int]] = []  # (send time, seq, program index)
         self._seq = 0
@@ -148,6 +155,10 @@ class ClosedLoopDriver:
         idle_with_work = 0.0
         while True:
             now = self.clock()
+            while self._marks and now - start >= self._marks[0]:
+                mark = self._marks.pop(0)
+                if self.on_mark is not None:
+                    self.on_mark(mark)
             while self._events and self._events[0][0] <= now:
                 at, _, index = heapq.heappop(self._events)
                 self._send(states[index], at)
@@ -175,6 +186,12 @@ class ClosedLoopDriver:
             shape = engine.describe_batch(batch)
             if shape.is_prefill:
                 dt = self.latency.prefill_seconds(shape.extends)
+                if self.host is not None:
+                    # loads queued since the last prefill (this batch's load back, a predictive
+                    # reload): this batch waits on their layer events before reading that KV
+                    load_s = self.latency.host_load_seconds(self.host.take_unbilled())
+                    dt += load_s
+                    self.host_load_s += load_s
                 self.steps["prefill"] += 1
                 for req in batch.reqs:
                     entry = self._inflight.get(req.rid)

@@ -36,6 +36,7 @@ def emulate(
     vocab: int = 1000,
     progress: bool = False,
     no_ids: bool = False,
+    marks: tuple[float, ...] = (60.0,),
 ) -> dict:
     from sglang_continuum.bench.cli import parse_policy, tlru_config
     from sglang_continuum.workloads.schema import load_workload
@@ -44,8 +45,6 @@ def emulate(
     if programs_limit:
         programs = programs[:programs_limit]
     flags, policy_env = parse_policy(policy, cpu=True)
-    if "--enable-hierarchical-cache" in flags:
-        raise SystemExit("the emulator does not model HiCache host transfers; drop +hicache")
     if "tlru" in flags:
         flags += ["--radix-eviction-policy-config", json.dumps(tlru_config(programs))]
     os.environ.update(policy_env)
@@ -60,17 +59,37 @@ def emulate(
 
     latency = StepLatencyModel.load(profile_path)
     profile_flags = json.loads(Path(profile_path).read_text()).get("server_args", [])
+    extra_flags = [*profile_flags, *shlex.split(server_args)]
+    hicache = "--enable-hierarchical-cache" in flags
+    if hicache:
+        latency.check_host_transfers()
+        extra_flags = engine.hicache_flags(extra_flags, max_total_tokens, latency.kv_bytes_per_token)
+        # the plugin's reload cost reads the host pool's bytes per token, the accounting model's
+        # 64: scale the bandwidth so that its transfer times are the profiled model's
+        key = "SGLANG_CONTINUUM_HOST_BANDWIDTH_BYTES_PER_S"
+        real = float(os.environ.get(key, latency.host_bytes_per_s))
+        os.environ[key] = repr(real * engine.ACCOUNTING_KV_BYTES_PER_TOKEN / latency.kv_bytes_per_token)
     clock = ManualClock(0.0)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="continuum-emu-") as tmp, use_clock(clock):
         model_dir = engine.write_accounting_model(Path(tmp) / "model")
         admission_log = Path(tmp) / "admissions.jsonl"
         os.environ.setdefault("SGLANG_CONTINUUM_ADMISSION_LOG_PATH", str(admission_log))
-        args, argv = engine.server_args_for(
-            model_dir, max_total_tokens, flags, [*profile_flags, *shlex.split(server_args)]
-        )
+        args, argv = engine.server_args_for(model_dir, max_total_tokens, flags, extra_flags)
         scheduler = engine.build_scheduler(args)
+        host = engine.count_host_transfers(scheduler) if hicache else None
+        if host is not None and engine.host_pool_bytes_per_token(scheduler) != engine.ACCOUNTING_KV_BYTES_PER_TOKEN:
+            raise RuntimeError(
+                f"the accounting model has {engine.host_pool_bytes_per_token(scheduler)} host KV bytes per token; update the bandwidth scaling"
+            )
         build_s = time.perf_counter() - t0
+        from prometheus_client import REGISTRY, generate_latest
+
+        metrics_at: dict[str, str] = {}
+
+        def on_mark(seconds: float) -> None:  # what a /metrics scrape at that time would read
+            metrics_at[f"{seconds:g}"] = generate_latest(REGISTRY).decode()
+
         bar = None
         if progress:
             from tqdm import tqdm
@@ -85,6 +104,9 @@ def emulate(
             close_sessions=policy.partition("+")[0] == "session",
             send_program_id=not no_ids,
             on_turn=(lambda t: bar.update(1)) if bar is not None else None,
+            host=host,
+            marks=marks,
+            on_mark=on_mark,
         )
         result = driver.run(programs, jps)
         if bar is not None:
@@ -94,8 +116,6 @@ def emulate(
         if log is not None:
             log.flush()
         admissions = summarize_admissions(read_admission_log(admission_log))
-    from prometheus_client import REGISTRY, generate_latest
-
     return {
         "policy": policy,
         "seed": seed,
@@ -103,12 +123,21 @@ def emulate(
         "replay": result.to_dict(),
         "metrics_after": generate_latest(REGISTRY).decode(),
         "admissions": admissions,
+        "metrics_at": metrics_at,
         "emulator": {
             "profile": latency.name,
             "profile_path": str(profile_path),
             "server_argv": argv,
             "steps": driver.steps,
             "busy_s": driver.busy_s,
+            "host_transfers": None
+            if host is None
+            else {
+                "loaded_tokens": host.loaded_tokens,
+                "written_tokens": host.written_tokens,
+                "load_s": driver.host_load_s,
+                "host_pool_tokens": engine.host_pool_tokens(scheduler),
+            },
             "pool_after": pool,
             "build_s": build_s,
             "run_s": time.perf_counter() - t0 - build_s,

@@ -6,7 +6,7 @@ The emulator runs SGLang 0.5.23's real ``Scheduler`` in this process: its waitin
 
 * **The model.** The scheduler serves an *accounting model*: a one-layer, one-KV-head Llama
   config (written to a temp dir, ``--load-format dummy``, no tokenizer) whose KV pool has exactly
-  the requested number of token slots but 64 bytes per token, so the pool's *token accounting*
+  the requested number of token slots but 32 bytes per token (bf16), so the pool's *token accounting*
   is real while its tensors are tiny.
 * **The forward.** ``model_worker.forward_batch_generation`` (the one call between the scheduler
   and the model) is swapped, on this scheduler instance only, for a function that computes
@@ -32,6 +32,7 @@ from sglang_continuum.tools.inprocess import construct_scheduler, select_batch, 
 OUTPUT_TOKEN = 7  # every emulated output token (never EOS: the accounting model's EOS is 2)
 ACCOUNTING_VOCAB = 1024
 ACCOUNTING_MAX_POSITIONS = 1 << 20
+ACCOUNTING_KV_BYTES_PER_TOKEN = 1 * 2 * 1 * 8 * 2  # layers x (K, V) x KV heads x head dim x bf16 (dtype auto)
 
 
 def write_accounting_model(directory: Path) -> Path:
@@ -116,6 +117,74 @@ def _replace_forward(scheduler) -> None:
 
     worker = scheduler.model_worker
     worker.forward_batch_generation = forward_batch_generation  # this instance only
+
+
+def hicache_flags(flags: Sequence[str], device_pool_tokens: int, kv_bytes_per_token: float) -> list[str]:
+    """A server's HiCache flags for the accounting model: ``--hicache-size GB`` sizes the host
+    pool in bytes of the *profiled* model's KV, which the accounting model's 32-byte tokens would
+    turn into a pool (and an allocation here) thousands of times too large. The same host pool in
+    tokens is ``--hicache-ratio`` = host bytes / device pool bytes."""
+    out = list(flags)
+    if "--hicache-size" not in out:
+        return out
+    i = out.index("--hicache-size")
+    gb = float(out[i + 1])
+    del out[i : i + 2]
+    if gb > 0:
+        while "--hicache-ratio" in out:
+            j = out.index("--hicache-ratio")
+            del out[j : j + 2]
+        out += ["--hicache-ratio", repr(gb * 1e9 / (device_pool_tokens * kv_bytes_per_token))]
+    return out
+
+
+@dataclass
+class HostTransfers:
+    """Tokens HiCache moved between host and device, counted where SGLang queues the copies."""
+
+    loaded_tokens: int = 0  # host -> device (load back, predictive reload)
+    written_tokens: int = 0  # device -> host (write-through, write-back, Continuum's offload)
+    unbilled_loaded: int = 0  # loaded since the clock last charged them to a step
+
+    def take_unbilled(self) -> int:
+        n, self.unbilled_loaded = self.unbilled_loaded, 0
+        return n
+
+
+def count_host_transfers(scheduler) -> HostTransfers | None:
+    """Wrap this scheduler's HiCache controller's ``load`` and ``write`` (the two calls through
+    which every host<->device copy is queued) to count the tokens they move; None without
+    HiCache."""
+    controller = getattr(scheduler.tree_cache, "cache_controller", None)
+    if controller is None:
+        return None
+    counts = HostTransfers()
+    load, write = controller.load, controller.write
+
+    def counted_load(host_indices, *args, **kwargs):
+        device_indices = load(host_indices, *args, **kwargs)
+        if device_indices is not None:
+            counts.loaded_tokens += len(host_indices)
+            counts.unbilled_loaded += len(host_indices)
+        return device_indices
+
+    def counted_write(device_indices, *args, **kwargs):
+        host_indices = write(device_indices, *args, **kwargs)
+        if host_indices is not None:
+            counts.written_tokens += len(device_indices)
+        return host_indices
+
+    controller.load = counted_load  # this instance only
+    controller.write = counted_write
+    return counts
+
+
+def host_pool_bytes_per_token(scheduler) -> int:
+    return int(scheduler.tree_cache.cache_controller.mem_pool_host.anchor_entry.host_pool.size_per_token)
+
+
+def host_pool_tokens(scheduler) -> int:
+    return int(scheduler.tree_cache.cache_controller.mem_pool_host.size)
 
 
 @dataclass(frozen=True)

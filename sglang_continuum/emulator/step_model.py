@@ -16,6 +16,10 @@ A profile JSON (``configs/profiles/``) holds two fits on measured points:
 ``kv_bytes_per_token``, ``weights_bytes`` and ``gpu_memory_bytes`` (optional) size the emulated
 GPU's KV pool when no ``--max-total-tokens`` is given, as SGLang would with
 ``--mem-fraction-static``.
+
+HiCache (``host_bytes_per_s``, with ``kv_bytes_per_token``): loading ``n`` tokens back from host
+takes ``n * kv_bytes_per_token / host_bytes_per_s`` seconds, charged to the batch that waits for
+them (see ``host_load_seconds``).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ class StepLatencyModel:
     kv_bytes_per_token: Optional[float] = None
     weights_bytes: Optional[float] = None
     gpu_memory_bytes: Optional[float] = None
+    host_bytes_per_s: Optional[float] = None  # host-to-device bandwidth (HiCache load back)
     notes: str = ""
 
     def __post_init__(self) -> None:
@@ -60,6 +65,7 @@ class StepLatencyModel:
             kv_bytes_per_token=data.get("kv_bytes_per_token"),
             weights_bytes=data.get("weights_bytes"),
             gpu_memory_bytes=data.get("gpu_memory_bytes"),
+            host_bytes_per_s=data.get("host_bytes_per_s"),
             notes=data.get("notes", ""),
         )
 
@@ -72,6 +78,22 @@ class StepLatencyModel:
             quad += e * e + 2 * e * p
             prefix_sq += p * p
         return c0 + c1 * new + c2 * quad + self.prefix_coeff * prefix_sq
+
+    def check_host_transfers(self) -> None:
+        if not (self.kv_bytes_per_token and self.host_bytes_per_s):
+            raise ValueError(
+                f"profile {self.name!r} needs kv_bytes_per_token and host_bytes_per_s to emulate HiCache "
+                "(host-to-device bandwidth: continuum-profile --host-bandwidth, or scripts/profile_gpu_torch.py)"
+            )
+
+    def host_load_seconds(self, tokens: int) -> float:
+        """Seconds to load ``tokens`` of KV from host. SGLang overlaps a load with the forward
+        layer by layer, so a step that waits for one takes between ``max(compute, load)`` and
+        ``compute + load``; the emulator charges the sum, the bound that does not flatter HiCache."""
+        if tokens <= 0:
+            return 0.0
+        self.check_host_transfers()
+        return tokens * self.kv_bytes_per_token / self.host_bytes_per_s
 
     def decode_seconds(self, batch_size: int, context_tokens: int) -> float:
         d0, d1, d2 = self.decode

@@ -19,6 +19,8 @@ PROFILE = {
     "name": "test-gpu",
     "coeffs": [0.02, 2e-5, 1e-9],
     "decode": {"coeffs": [0.01, 1e-4, 2e-8]},
+    "kv_bytes_per_token": 131072,  # Llama-3.1-8B bf16
+    "host_bytes_per_s": 1e10,
 }
 
 
@@ -28,12 +30,13 @@ def _profile(tmp_path):
     return path
 
 
-def _emulate(tmp_path, workload, policy, *, pool, jps=1.0, seed=0, name="run"):
+def _emulate(tmp_path, workload, policy, *, pool, jps=1.0, seed=0, name="run", env=(), server_args=""):
     out = tmp_path / f"{name}.json"
     cmd = [
         sys.executable, "-m", "sglang_continuum.emulator.run", "--workload", str(workload), "--policy", policy,
         "--profile", str(_profile(tmp_path)), "--jps", str(jps), "--seed", str(seed),
-        "--max-total-tokens", str(pool), "--out", str(out),
+        "--max-total-tokens", str(pool), "--out", str(out), f"--server-args={server_args}",
+        *(f"--env={kv}" for kv in env),
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -171,3 +174,51 @@ def test_a_turn_longer_than_the_context_fails_its_program_as_a_server_would(tmp_
     assert fine_rec["ok"] and all(t["error"] is None for t in fine_rec["turns"])
     accounting = run["emulator"]["pool_after"]
     assert accounting["available"] + accounting["evictable"] + accounting["protected"] == 6000
+
+
+def test_hicache_an_expired_pins_prefix_comes_back_from_host_and_its_step_pays_the_transfer(tmp_path):
+    """Program p's turn 1 (3000 tokens) is pinned for 0.2 s; three 5000-token requests need the
+    pool (8000) and push its prefix off the device once the pin is gone, so Continuum backs it up
+    to a protected host copy. Turn 2 (3 s later) loads it back: its prefill step takes the
+    profile's extend time plus the host-to-device transfer of what was loaded."""
+    programs = [
+        Program(
+            program_id="p",
+            turns=[
+                Turn(append_tokens=3000, output_tokens=4, tool="bash", tool_duration_s=3.0),
+                Turn(append_tokens=100, output_tokens=4),
+            ],
+        ),
+        *(Program(program_id=f"f{i}", turns=[Turn(append_tokens=5000, output_tokens=4)]) for i in range(3)),
+    ]
+    workload = dump_workload(programs, tmp_path / "offload.jsonl")
+    env = ("SGLANG_CONTINUUM_TTL_MODEL=fixed", "SGLANG_CONTINUUM_FIXED_TTL_S=0.2")
+    run = _emulate(tmp_path, workload, "continuum+hicache", pool=8000, jps=10.0, seed=1, env=env)
+    model = StepLatencyModel.load(_profile(tmp_path))
+    host = run["emulator"]["host_transfers"]
+    assert _series(run, "sglang:continuum_offloads_total") == 1
+    assert _series(run, "sglang:continuum_host_hits_total") == 1
+    loaded = host["loaded_tokens"]
+    assert loaded == _series(run, "sglang:load_back_tokens_total") >= 3000  # SGLang's own count agrees
+    assert host["written_tokens"] >= 3000  # p's context went to host (write-through at insert)
+    load_s = loaded * 131072 / 1e10
+    assert host["load_s"] == pytest.approx(load_s, rel=1e-12)
+    p = next(r for r in run["replay"]["programs"] if r["program_id"] == "p")
+    t2 = p["turns"][1]
+    assert t2["cached_tokens"] >= loaded and t2["queue_time_s"] == 0.0
+    prompt, cached = t2["prompt_tokens"], t2["cached_tokens"]
+    expected = (
+        model.prefill_seconds([(prompt - cached, cached)])
+        + load_s
+        + sum(model.decode_seconds(1, prompt + k) for k in range(1, 4))
+    )
+    assert t2["finish"] - t2["send"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_hicache_size_is_translated_to_the_same_host_pool_in_tokens():
+    from sglang_continuum.emulator.sglang_engine import hicache_flags
+
+    flags = hicache_flags(["--hicache-size", "200", "--hicache-ratio", "2"], 454188, 131072)
+    assert flags[:-1] == ["--hicache-ratio"]
+    assert float(flags[-1]) * 454188 * 131072 == pytest.approx(200e9)
+    assert hicache_flags(["--chunked-prefill-size", "8192"], 1000, 1) == ["--chunked-prefill-size", "8192"]

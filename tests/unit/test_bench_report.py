@@ -176,3 +176,26 @@ def test_context_length_is_capped_at_the_model_limit(tmp_path):
     assert context_length(str(tmp_path), 152_100) == 32768
     assert context_length(str(tmp_path), 11_407) == 11_407
     assert context_length(None, 152_100) == 152_100  # --url: no server started, nothing to cap
+
+
+def test_pins_and_hits_by_a_mark_count_from_the_start_of_the_run():
+    from sglang_continuum.bench.replay import ProgramRecord, ReplayResult, TurnRecord
+    from sglang_continuum.bench.report import summarize
+
+    def scrape(created, hits):
+        return (
+            f'sglang:continuum_pins_created_total{{tp_rank="0"}} {created}\n'
+            f'sglang:continuum_pin_hits_total{{tp_rank="0"}} {hits}\n'
+        )
+
+    turn = TurnRecord("p", 0, send=0.0, first_token=0.1, finish=0.2, prompt_tokens=10)
+    result = ReplayResult(
+        [ProgramRecord("p", 0.0, start=0.0, end=0.2, turns=[turn])],
+        100.0,
+        metrics_before=scrape(5, 2),  # a server that served before this run
+        metrics_after=scrape(40, 30),
+        metrics_at={"60": scrape(12, 4)},
+    )
+    s = summarize(result)
+    assert (s["pins_created_60s"], s["pin_hits_60s"], s["pins_created"], s["pin_hits"]) == (7, 2, 35, 28)
+    assert ReplayResult.from_dict(result.to_dict()).metrics_at == {"60": scrape(12, 4)}

@@ -43,6 +43,11 @@ def test_host_ttl_conditions_on_the_tool_not_having_returned():
 def test_host_ttl_cold_start_is_memoryless():
     assert host_ttl(None, 5.0, benefit_s=4.0, hold_cost=0.5) == pytest.approx(math.log(8.0))
     assert host_ttl(None, 5.0, benefit_s=0.4, hold_cost=0.5) == 0.0
+    # Exp(mean m): m ln(B / (hold m)); the same decision in minutes as in seconds
+    assert host_ttl(None, 5.0, benefit_s=0.4, hold_cost=0.5, cold_mean_s=0.1) == pytest.approx(0.1 * math.log(8.0))
+    assert host_ttl(None, 300.0, benefit_s=24.0, hold_cost=0.5, cold_mean_s=6.0) == pytest.approx(
+        60 * host_ttl(None, 5.0, benefit_s=0.4, hold_cost=0.5, cold_mean_s=0.1)
+    )
 
 
 @settings(max_examples=200, deadline=None)

@@ -1,3 +1,4 @@
+import logging
 import math
 
 import numpy as np
@@ -11,6 +12,7 @@ from sglang_continuum.core.cost_model import (
     EtaEstimator,
     PrefillProfile,
     SlidingMean,
+    exp_optimum,
 )
 from sglang_continuum.core.settings import ContinuumSettings
 from sglang_continuum.core.tool_stats import SampleWindow, ToolStats
@@ -62,6 +64,60 @@ def test_cold_start_is_the_exp1_optimum(benefit):
     # ln(B) maximises (1 - e^-tau) B - tau numerically too
     grid = np.linspace(0, 10, 100001)
     assert d.ttl == pytest.approx(grid[np.argmax((1 - np.exp(-grid)) * benefit - grid)], abs=1e-3)
+
+
+@pytest.mark.parametrize("scale", [0.1, 10.0, 60.0])
+def test_cold_start_ttl_does_not_depend_on_the_unit_of_time(scale):
+    """Issue 24: the demo's tools take 0.2-0.6 s and a miss costs at most 0.7 s, so the paper's
+    Exp(1)-seconds cold start (pin only when B > 1 s) never pinned, although pins with a TTL of
+    a fraction of a second would pay. Measured in other units (every time x ``scale``) the same
+    workload must get the same decisions, x ``scale``."""
+
+    def decide(unit: float):
+        m, stats = model(coeffs=(0.3 * unit, 0.0, 0.0))  # PrefillReload 0.3 s
+        for x in (0.05, 0.1, 0.1, 0.2, 0.3, 0.5) * 5:  # 30 samples <= K: cold start
+            stats.record("t", x * unit)
+        for _ in range(4):
+            m.observe_queue_delay(0.2 * unit)  # T = 0.2 s
+        return m.decide(TTLQuery("t", 100))
+
+    base, scaled = decide(1.0), decide(scale)
+    assert base.source == scaled.source == "cold"
+    mean = 1.25 / 6  # of the samples: B = 0.5 s > the mean, so a pin pays under Exp(mean)
+    assert base.ttl == pytest.approx(mean * math.log(0.5 / mean), rel=1e-3)
+    assert scaled.ttl == pytest.approx(base.ttl * scale, rel=1e-9)
+
+
+def test_cold_start_without_samples_is_the_papers_exp1():
+    m, _ = model(coeffs=(3.0, 0.0, 0.0))
+    assert m.decide(TTLQuery("t", 1)).ttl == pytest.approx(math.log(3.0))
+    assert exp_optimum(3.0, 1.0) == pytest.approx(math.log(3.0))
+    assert exp_optimum(3.0, 0.5, cap_s=0.1) == 0.1
+    assert exp_optimum(0.4, 0.5) == 0.0
+
+
+def test_every_decision_exports_its_inputs(caplog):
+    m, stats = model(k=3, coeffs=(0.25, 0.0, 0.0))
+    m.observe_queue_delay(0.5)
+    with caplog.at_level(logging.DEBUG, logger="sglang_continuum.core.cost_model"):
+        assert m.ttl(TTLQuery("grep", 700)) == 0.0  # cold, no samples: B = 0.75 < 1
+        for x in (0.1, 0.2, 0.2, 0.3):
+            stats.record("grep", x)
+        tau = m.ttl(TTLQuery("grep", 700))  # 4 samples > K = 3: the tool's own CDF
+    assert tau == pytest.approx(0.3)  # 1 * 0.75 - 0.3 beats 0.75 * 0.75 - 0.2
+    d = m.last
+    assert (d.source, d.tool, d.context_tokens, d.tool_samples, d.samples) == ("tool", "grep", 700, 4, 4)
+    assert (d.queue_delay_s, d.queue_delay_samples, d.eta, d.rebuild_s) == (0.5, 1, 1.0, 0.25)
+    assert d.benefit_s == pytest.approx(0.75)
+    signals = m.signals()
+    assert signals["decisions"] == {
+        "cold": 1, "cold_zero": 1, "global_cdf": 0, "global_cdf_zero": 0, "tool_cdf": 1, "tool_cdf_zero": 0
+    }  # fmt: skip
+    assert signals["last_decision"]["ttl"] == pytest.approx(0.3)
+    lines = [r.getMessage() for r in caplog.records if "ttl decision" in r.getMessage()]
+    assert len(lines) == 2
+    assert "branch=cold" in lines[0] and "T=0.500s (1 misses)" in lines[0] and "reload=0.250s (700 tokens)" in lines[0]
+    assert "branch=tool" in lines[1] and "ttl=0.300s" in lines[1] and "tool_samples=4" in lines[1]
 
 
 def test_chain_switches_at_k_exactly():
