@@ -15,6 +15,9 @@ model's tokenizer. The program ends after its last assistant message (whatever t
 
     python -m sglang_continuum.workloads.importer TRAJECTORIES.json --tokenizer .models/tiny-llama \\
         --out workloads/swe-smith-5.jsonl
+
+Other formats (``--format weka|agentperf|lmcache``: kv-cache-tester, agentperf-local and LMCache agent
+traces) live in ``workloads/formats.py``; docs/trace-import.md describes them.
 """
 
 from __future__ import annotations
@@ -23,9 +26,17 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Optional
 
 from sglang_continuum.core.tool_calls import from_openai_tool_calls, from_text
+from sglang_continuum.workloads.formats import (
+    FORMATS,
+    ImportResult,
+    chars_per_4,
+    import_agentperf,
+    import_lmcache,
+    import_weka,
+)
 from sglang_continuum.workloads.schema import Program, Turn, dump_workload
 
 Counter = Callable[[str], int]
@@ -118,19 +129,79 @@ def import_files(paths: list[Path], count: Counter, **kw) -> list[Program]:
     return [messages_to_program(pid, msgs, count, **kw) for p in paths for pid, msgs in load_trajectories(p)]
 
 
+def import_paths(
+    paths: list[Path],
+    fmt: str,
+    count: Counter,
+    *,
+    max_context: Optional[int] = None,
+    default_tool_s: float = 1.0,
+    keep_text: bool = False,
+) -> ImportResult:
+    """Every file in ``fmt`` -> the programs that fit, and one problem line per program left out."""
+    result = ImportResult()
+    for path in paths:
+        if fmt == "weka":
+            result.extend(import_weka(path, max_context))
+        elif fmt == "agentperf":
+            result.extend(import_agentperf(path, count, max_context, keep_text))
+        elif fmt == "lmcache":
+            result.extend(import_lmcache(path, count, max_context, keep_text))
+        elif fmt == "messages":
+            for pid, msgs in load_trajectories(path):
+                try:
+                    prog = messages_to_program(pid, msgs, count, default_tool_s=default_tool_s, keep_text=keep_text)
+                except ValueError as exc:
+                    result.problems.append(f"{path}: program {pid} left out: {exc}")
+                    continue
+                if max_context is not None and prog.context_tokens > max_context:
+                    result.problems.append(
+                        f"{path}: program {pid} left out: context {prog.context_tokens} tokens > --max-context {max_context}"
+                    )
+                    continue
+                result.programs.append(prog)
+        else:
+            raise ValueError(f"unknown format {fmt!r} (one of {', '.join(FORMATS)})")
+    seen: set[str] = set()
+    for prog in result.programs:  # program ids must be unique in a workload
+        if prog.program_id in seen:
+            raise ValueError(f"duplicate program id {prog.program_id!r} across the input files")
+        seen.add(prog.program_id)
+    return result
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="Import agent trajectories as a workload (JSONL).")
+    ap = argparse.ArgumentParser(description="Import agent trajectories or traces as a workload (JSONL).")
     ap.add_argument("paths", type=Path, nargs="+")
-    ap.add_argument("--tokenizer", required=True, help="the serving model's tokenizer (path)")
-    ap.add_argument("--default-tool-s", type=float, default=1.0, help="tool time when none is recorded")
+    ap.add_argument("--format", choices=FORMATS, default="messages", help="input format (docs/trace-import.md)")
+    ap.add_argument(
+        "--tokenizer",
+        help="the serving model's tokenizer (path) for formats with text; without it, 1 token per 4 characters",
+    )
+    ap.add_argument("--max-context", type=int, help="leave out (and report) programs whose context exceeds this")
+    ap.add_argument("--default-tool-s", type=float, default=1.0, help="tool time when none is recorded (messages)")
     ap.add_argument("--keep-text", action="store_true")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
-    programs = import_files(
-        args.paths, tokenizer_counter(args.tokenizer), default_tool_s=args.default_tool_s, keep_text=args.keep_text
+    count = tokenizer_counter(args.tokenizer) if args.tokenizer else chars_per_4
+    result = import_paths(
+        args.paths,
+        args.format,
+        count,
+        max_context=args.max_context,
+        default_tool_s=args.default_tool_s,
+        keep_text=args.keep_text,
     )
-    dump_workload(programs, args.out)
-    print(f"wrote {args.out}: {len(programs)} programs, {sum(len(p.turns) for p in programs)} turns")
+    for problem in result.problems:
+        print(problem, file=sys.stderr)
+    if not result.programs:
+        print("no programs imported", file=sys.stderr)
+        return 1
+    dump_workload(result.programs, args.out)
+    print(
+        f"wrote {args.out}: {len(result.programs)} programs, {sum(len(p.turns) for p in result.programs)} turns"
+        f", {len(result.problems)} left out"
+    )
     return 0
 
 
