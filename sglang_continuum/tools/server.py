@@ -15,6 +15,9 @@ from typing import Mapping, Optional, Sequence
 import httpx
 
 CPU_FLAGS = ("--device", "cpu", "--attention-backend", "torch_native", "--skip-server-warmup")
+# An idle scheduler otherwise polls its sockets without pause (~90% of a core); asleep it wakes on
+# the first message, and Continuum's idle hooks still run at least once a second (adapter/binding.py).
+IDLE_FLAGS = ("--sleep-on-idle",)
 
 
 PORT_ATTEMPTS = 3
@@ -61,6 +64,7 @@ class SGLangServer:
             "--port",
             str(self.port),
             *(CPU_FLAGS if cpu else ()),
+            *IDLE_FLAGS,
             *args,
         ]
         self.env = {**os.environ, **({"SGLANG_USE_CPU_ENGINE": "1"} if cpu else {}), **(env or {})}
