@@ -2,7 +2,7 @@
 # Idempotent set-up of a CPU environment with real SGLang 0.5.23 and sglang-continuum.
 #
 # Creates .venv/ under the repo (ignored by git), installs the pinned CPU stack, this package in
-# editable mode, the CPU shim (cpushim/, see README "Running SGLang on CPU"), and builds the
+# editable mode, the CPU shim (cpushim/, see docs/cpu-shim.md), and builds the
 # embedded tiny model under .models/. A stamp keyed on the inputs makes a second run a no-op.
 # GPU hosts do not use this script: `pip install sglang-continuum[gpu]`.
 set -euo pipefail
@@ -17,8 +17,36 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/python"
   echo "[setup] environment up to date ($VENV)"
 else
   t0=$(date +%s)
+  rm -f "$STAMP"  # stamped again only once everything below succeeded
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-  pip_install() { "$VENV/bin/python" -m pip install -q --disable-pip-version-check -c requirements/cpu-constraints.txt "$@" 2>&1 | grep -v "^WARNING: Location" || true; }
+  # pip's own conflict report is switched off (--no-warn-conflicts): sglang and torchvision are
+  # installed without their dependency metadata on purpose, so it would list ~40 expected
+  # differences on every fresh install. check_dependencies below tells those from real ones.
+  pip_install() {
+    local out
+    if ! out=$("$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-warn-conflicts \
+      -c requirements/cpu-constraints.txt "$@" 2>&1); then
+      printf '%s\n' "$out" >&2
+      echo "[setup] FAILED: pip install $* (pip's output above); nothing was stamped, fix and re-run" >&2
+      exit 1
+    fi
+    printf '%s\n' "$out" | grep -v -e "^WARNING: Location" -e '^$' || true
+  }
+  # `pip check`, less what installing sglang/torchvision with --no-deps implies: their
+  # requirements name CUDA-only packages and pin other versions (torch 2.14.1, ...) than this CPU
+  # stack. Those are summed up in one line; any other conflict is printed in full.
+  check_dependencies() {
+    local report expected unexpected
+    report=$("$VENV/bin/python" -m pip check 2>&1 || true)
+    expected=$(printf '%s\n' "$report" | grep -c -E '^(sglang 0\.5\.23|torchvision 0\.28\.0) ' || true)
+    unexpected=$(printf '%s\n' "$report" | grep -v -E '^(sglang 0\.5\.23|torchvision 0\.28\.0) |^No broken requirements|^$' || true)
+    echo "[setup] sglang 0.5.23 and torchvision are installed without their dependency metadata (it names CUDA-only" \
+      "packages and torch 2.14.1): $expected expected differences from it, not problems (\`.venv/bin/pip check\` lists them)"
+    if [ -n "$unexpected" ]; then
+      echo "[setup] WARNING: other dependency conflicts (not expected):" >&2
+      printf '%s\n' "$unexpected" >&2
+    fi
+  }
   # torch first, the CPU build: a plain resolve would pull CUDA torch and ~5 GB of nvidia wheels.
   pip_install "torch==2.13.0"
   # sglang and torchvision without their dependency metadata (both name CUDA-only packages).
@@ -28,7 +56,8 @@ else
   site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   cp -r cpushim/continuum_cpushim.py cpushim/continuum_cpushim.pth cpushim/sgl_kernel "$site/"
   "$VENV/bin/python" -c "import sglang, torchvision, sglang_continuum.adapter.plugin" \
-    || { echo "[setup] import check failed" >&2; exit 1; }
+    || { echo "[setup] FAILED: import check (sglang, torchvision, the plugin); nothing was stamped" >&2; exit 1; }
+  check_dependencies
   echo "$want" > "$STAMP"
   echo "[setup] environment built in $(( $(date +%s) - t0 ))s"
 fi

@@ -10,6 +10,18 @@ os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 # Servers started by the tests check every Continuum invariant while idle (a violation crashes
 # the scheduler, which fails the test).
 os.environ.setdefault("SGLANG_CONTINUUM_CHECK_INTEGRITY", "1")
+# ... and run SGLang's own strict checks (off by default in 0.5.23): pool accounting after every
+# step (available + evictable + protected == total, so every pin must be a counted tree lock),
+# no KV page both owned and free, and the radix tree's sanity check (SGLang runs it only for
+# hybrid models; ContinuumRadixCache.check_integrity runs it too). Inherited by every server and
+# in-process scheduler the tests start.
+STRICT_CHECKS = {
+    "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1",
+    "SGLANG_CHECK_KV_PAGE_INVARIANTS": "1",
+    "SGLANG_ENABLE_TREE_CACHE_SANITY_CHECK": "1",
+}
+for name, value in STRICT_CHECKS.items():
+    os.environ.setdefault(name, value)
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,10 @@ processes are untouched):
   any pin may be shed when the engine would otherwise idle or the turn is overdue. A pin
   therefore never keeps a higher-ranked turn out, and never wedges admission.
 * ``on_idle``: with ``check_integrity`` set, every invariant is checked while idle.
+* ``maybe_sleep_on_idle``: with ``--sleep-on-idle`` SGLang parks an idle loop in a zmq poll of
+  up to 1 s (``IdleSleeper``); the hooks above still run at least once a second (pins expire,
+  statistics are shared, metrics flushed, integrity checked), but a predictive reload due within
+  that second must start on time, so the loop does not park then.
 
 Tensor parallelism: every rank runs this same loop over the same requests, so decisions agree as
 long as the clock does. With tp_size > 1 the step time is the minimum of the ranks' clocks
@@ -45,6 +49,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MAX_ADMISSION_RETRIES = 4  # re-runs of SGLang's prefill selection per step after shedding
+IDLE_SLEEP_S = 1.0  # how long SGLang's IdleSleeper polls its sockets (--sleep-on-idle)
 
 
 def _consensus_now(scheduler: "Scheduler", cache: ContinuumRadixCache) -> Callable[[], float]:
@@ -182,6 +187,7 @@ def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
     new_prefill = scheduler.get_new_batch_prefill
     adder_class = scheduler.get_prefill_adder_class
     on_idle = scheduler.on_idle
+    sleep_on_idle = scheduler.maybe_sleep_on_idle
 
     def _add_request_to_queue(req, is_retracted: bool = False):
         add_request(req, is_retracted=is_retracted)
@@ -256,11 +262,18 @@ def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
             cache.check_integrity()
         return on_idle()
 
+    def maybe_sleep_on_idle():
+        due = controller.next_reload_at()
+        if due is not None and due - cache.step_clock.read_source() < IDLE_SLEEP_S:
+            return  # a predictive reload is due before the poll would return: keep the loop spinning
+        sleep_on_idle()
+
     scheduler._add_request_to_queue = _add_request_to_queue
     scheduler.get_next_batch_to_run = get_next_batch_to_run
     scheduler.get_new_batch_prefill = get_new_batch_prefill
     scheduler.get_prefill_adder_class = get_prefill_adder_class
     scheduler.on_idle = _on_idle
+    scheduler.maybe_sleep_on_idle = maybe_sleep_on_idle
     policy.admission = admission  # read by tests: the last selection's blocked turn
     _save_stats_on_sigterm(cache)
     logger.info(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from typing import Callable, Iterable, Optional
 
+from sglang.srt.environ import envs
 from sglang.srt.managers.schedule_batch import FINISH_ABORT, Req
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -330,6 +331,10 @@ class ContinuumRadixCache(UnifiedRadixCache):
         for pin in self.controller.host_pins:
             assert pin.handle is None or tree.is_backuped(pin.handle.node), f"host pin of {pin.program_id} not on host"
         assert self.protected_size() >= (max((p.tokens for p in self.controller.pins), default=0)), "pins unprotected"
+        if envs.SGLANG_ENABLE_TREE_CACHE_SANITY_CHECK.get():
+            # SGLang's own tree invariants (structure, leaf sets, lock counts, evictable/protected
+            # sizes); its scheduler runs this only for hybrid SWA/SSM models, never for ours
+            self.sanity_check()
 
     # -- SGLang hooks --------------------------------------------------------------------
     def evict_for_alloc(self, params: EvictParams, *, allocation_reclaim_satisfied=None) -> EvictResult:

@@ -133,7 +133,7 @@ POLICIES: dict[str, tuple[list[str], dict[str, str]]] = {
 }
 HICACHE_FLAGS = ["--enable-hierarchical-cache"]
 # CPU servers: the direct io backend with the layer-first host layout (the one the CPU shim's
-# stand-in for sgl_kernel's transfer_kv_direct serves; see README "Running SGLang on CPU")
+# stand-in for sgl_kernel's transfer_kv_direct serves; see docs/cpu-shim.md)
 HICACHE_CPU_FLAGS = ["--hicache-io-backend", "direct", "--hicache-mem-layout", "layer_first"]
 CPU_PROFILE = Path(__file__).resolve().parents[2] / "configs" / "profiles" / "cpu-tiny-llama.json"
 

@@ -1,6 +1,6 @@
 """Client-side helpers: how an agent tells the server which program a turn belongs to.
 
-Metadata keys (in ``custom_params``; see README "Request metadata"):
+Metadata keys (in ``custom_params``; see docs/request-metadata.md):
 
 * ``program_id`` (str or int): the agent program (one agent run). ``session_id`` is used when absent.
 * ``is_last_step`` (bool): this turn is the program's last; nothing is pinned after it.

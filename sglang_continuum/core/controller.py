@@ -681,6 +681,11 @@ class ContinuumController:
 
         return hold
 
+    def next_reload_at(self) -> Optional[float]:
+        """When the earliest scheduled predictive reload is due (None: none scheduled). An entry
+        of a pin that has since ended may answer early; it is dropped when due."""
+        return self._reload_heap[0][0] if self._reload_heap else None
+
     def _due_reloads(self, now: float) -> list[Pin]:
         due = []
         heap = self._reload_heap

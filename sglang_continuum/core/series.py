@@ -1,5 +1,5 @@
 """Every Prometheus series Continuum exports: one table that the metrics exporter, the benchmark
-reports and the README all use (``tests/unit/test_series.py`` checks the README against it).
+reports and ``docs/metrics.md`` all use (``tests/unit/test_series.py`` checks that page against it).
 
 ``source`` names where the value lives: ``counters.<field>`` (``PinCounters``),
 ``host.<field>`` (``HostCounters``), ``admission.<field>`` (``AdmissionCounters``),

@@ -16,6 +16,8 @@ from typing import Mapping, Optional
 import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from sglang_continuum.core.ttl_names import TTL_MODEL_NAMES
+
 ENV_PREFIX = "SGLANG_CONTINUUM_"
 CONFIG_ENV = ENV_PREFIX + "CONFIG"
 
@@ -165,10 +167,8 @@ class ContinuumSettings(BaseModel):
     @field_validator("ttl_model")
     @classmethod
     def _known_model(cls, name: str) -> str:
-        from sglang_continuum.core.ttl_registry import TTL_MODELS
-
-        if name not in TTL_MODELS:
-            raise ValueError(f"unknown TTL model {name!r}; choose from {sorted(TTL_MODELS)}")
+        if name not in TTL_MODEL_NAMES:
+            raise ValueError(f"unknown TTL model {name!r}; choose from {sorted(TTL_MODEL_NAMES)}")
         return name
 
     @field_validator("terminal_tools", "stats_peer_endpoints", mode="before")

@@ -7,6 +7,7 @@ from typing import Callable, Optional
 from sglang_continuum.core.cost_model import BernsteinTTL, CostModelTTL, PrefillProfile
 from sglang_continuum.core.tool_stats import ToolStats
 from sglang_continuum.core.ttl import FixedTTL, ReferenceTTL, TTLModel
+from sglang_continuum.core.ttl_names import TTL_MODEL_NAMES
 
 
 def _cost(settings, stats: ToolStats) -> TTLModel:
@@ -22,6 +23,7 @@ TTL_MODELS: dict[str, Callable[..., TTLModel]] = {
     "reference": ReferenceTTL,
     "bernstein": BernsteinTTL,
 }
+assert set(TTL_MODELS) == TTL_MODEL_NAMES, "core/ttl_names.py lists every registered TTL model"
 
 
 def build_ttl_model(settings, stats: ToolStats) -> TTLModel:

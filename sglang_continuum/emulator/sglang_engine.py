@@ -218,6 +218,8 @@ def submit(scheduler, rid: str, input_ids: Sequence[int], max_new_tokens: int, c
 
 def step(scheduler):
     """Select the next batch; return it (or None when idle) and a function that finishes it."""
+    from sglang.srt.environ import envs
+
     batch = select_batch(scheduler)
 
     def finish() -> None:  # as ``event_loop_normal``: run the batch, or idle (SGLang's self-check, our on_idle)
@@ -227,6 +229,8 @@ def step(scheduler):
             scheduler._sched_idled = True
             scheduler.on_idle()
         scheduler.last_batch = batch
+        if envs.SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY.get():  # SGLang's per-step pool check (tests)
+            scheduler.invariant_checker.self_check_during_busy()
 
     return batch, finish
 

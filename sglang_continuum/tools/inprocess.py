@@ -133,6 +133,11 @@ class SchedulerDriver:
         return rid
 
     def step(self) -> bool:
+        """One iteration of ``event_loop_normal``: run the next batch, or idle (SGLang's idle
+        checks and sleep, Continuum's idle hooks); then SGLang's per-step pool check when
+        ``SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY`` is set."""
+        from sglang.srt.environ import envs
+
         s = self.s
         batch = select_batch(s)
         if batch is not None:
@@ -140,7 +145,12 @@ class SchedulerDriver:
                 self.admitted.extend(r.rid for r in batch.reqs if r.rid not in self.admitted)
             result = s.run_batch(batch)
             s.process_batch_result(batch, result)
+        else:
+            s._sched_idled = True
+            s.on_idle()
         s.last_batch = batch
+        if envs.SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY.get():
+            s.invariant_checker.self_check_during_busy()
         return batch is not None
 
     def run_until_idle(self, max_steps: int = 10_000) -> None:

@@ -30,6 +30,9 @@ GPU_SHIM_ENV = {
     "SGLANG_ENABLE_JIT_DEEPGEMM": "0",
     "SGLANG_CRASH_ON_JIT_COMPILE": "1",  # no nvcc builds at run time: fail loudly instead
 }
+# An idle scheduler otherwise polls its sockets without pause (~90% of a core); asleep it wakes on
+# the first message, and Continuum's idle hooks still run at least once a second (adapter/binding.py).
+IDLE_FLAGS = ("--sleep-on-idle",)
 
 
 PORT_ATTEMPTS = 3
@@ -76,6 +79,7 @@ class SGLangServer:
             "--port",
             str(self.port),
             *(CPU_FLAGS if cpu else ()),
+            *IDLE_FLAGS,
             *args,
         ]
         self.env = {**os.environ, **({"SGLANG_USE_CPU_ENGINE": "1"} if cpu else {}), **(env or {})}

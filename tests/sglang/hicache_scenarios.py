@@ -3,7 +3,7 @@ runtime once per process, so a second in-process Scheduler cannot be made). Tier
 SGLang's real HiCache (``init_hicache``, ``HybridCacheController``, host
 pool, write-through/back, load back), in a real Scheduler stepped in this process.
 
-Host and device pools are both CPU memory here; the CPU shim (README, "Running SGLang on CPU")
+Host and device pools are both CPU memory here; the CPU shim (docs/cpu-shim.md)
 stands in for ``cudaHostRegister`` and the ``direct`` io backend's copy kernel only.
 
 Each scenario: program P's turn 1 finishes and is pinned (fixed TTL 0.2 s); the pin expires while

@@ -327,3 +327,63 @@ def test_priority_scheduling_is_refused_at_start_up(tiny_model):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert proc.returncode != 0
     assert "RuntimeError" in proc.stderr and "does not support --enable-priority-scheduling" in proc.stderr
+
+
+def test_idle_hooks_still_run_while_sglang_sleeps_on_idle(driver, monkeypatch):
+    """``--sleep-on-idle`` parks an idle loop in SGLang's ``IdleSleeper`` (a zmq poll of up to 1 s).
+    While it sleeps with no request arriving, each wake-up still expires pins, flushes metrics and
+    checks integrity; and the loop does not park while a predictive reload is due within the poll.
+    Runs last in the module: it moves the plugin's clock 25 s ahead for good."""
+    import time
+
+    from sglang.srt.managers.scheduler_components.idle_sleeper import IdleSleeper
+
+    s = driver.s
+    cache = s.tree_cache
+    drain_pins(driver)
+    # as Scheduler.init_idle_sleeper builds it with --sleep-on-idle (the module's scheduler has none)
+    sleeper = IdleSleeper(sockets=[s.ipc_channels.recv_from_tokenizer, s.ipc_channels.recv_from_rpc])
+    sleeps, calls = [], {"check": 0, "flush": 0}
+    real_sleep = sleeper.maybe_sleep
+
+    def timed_sleep():
+        t0 = time.monotonic()
+        real_sleep()
+        sleeps.append(time.monotonic() - t0)
+
+    sleeper.maybe_sleep = timed_sleep
+    monkeypatch.setattr(s, "idle_sleeper", sleeper)
+    check, flush = cache.check_integrity, cache.publish_metrics
+
+    def counted_check():
+        calls["check"] += 1
+        check()
+
+    def counted_flush(*a, **kw):
+        calls["flush"] += kw.get("force", False)
+        return flush(*a, **kw)
+
+    monkeypatch.setattr(cache, "check_integrity", counted_check)
+    monkeypatch.setattr(cache, "publish_metrics", counted_flush)
+
+    rng = random.Random(11)
+    driver.submit(tokens(rng, 200), max_new_tokens=4, custom_params=meta("sleeper", "fast"))  # pinned for 20 s
+    driver.run_until_idle()
+    assert "sleeper" in cache.controller.pins
+    expired = cache.controller.counters.expired
+    source = cache.step_clock._source
+    cache.step_clock._source = lambda: source() + 25.0  # past the pin's deadline, with no request arriving
+    for _ in range(3):
+        assert not driver.step()  # idle: SGLang's on_idle sleeps in its poll (nothing wakes it)
+    assert len(sleeps) >= 3 and max(sleeps) > 0.5, sleeps  # it really parked in the poll
+    assert "sleeper" not in cache.controller.pins and cache.controller.counters.expired == expired + 1
+    assert calls["check"] >= 1 and calls["flush"] >= 3, calls
+
+    # a predictive reload due within the poll: the loop stays awake for it
+    slept = len(sleeps)
+    monkeypatch.setattr(cache.controller, "next_reload_at", lambda: cache.step_clock.read_source() + 0.2)
+    assert not driver.step()
+    assert len(sleeps) == slept
+    monkeypatch.setattr(cache.controller, "next_reload_at", lambda: cache.step_clock.read_source() + 5.0)
+    assert not driver.step()
+    assert len(sleeps) == slept + 1

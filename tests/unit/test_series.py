@@ -1,4 +1,4 @@
-"""One table of series names: the exporter, the benchmark and the README use the same names."""
+"""One table of series names: the exporter, the benchmark and docs/metrics.md use the same names."""
 
 from pathlib import Path
 
@@ -12,13 +12,13 @@ from sglang_continuum.core.controller import (
 )
 from sglang_continuum.core.series import SERIES, series_name
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+METRICS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 
 
-def test_every_series_is_documented_in_the_readme():
-    text = README.read_text()
+def test_every_series_is_documented_in_the_metrics_page():
+    text = METRICS_PAGE.read_text()
     for s in SERIES:
-        assert f"`{s.name}`" in text, f"{s.name} missing from README.md"
+        assert f"`{s.name}`" in text, f"{s.name} missing from docs/metrics.md"
 
 
 def test_every_counter_field_is_exported_once():

@@ -233,3 +233,22 @@ def test_batch_extend_equals_adding_one_by_one(capacity, batches):
         assert batched.sorted.tolist() == single.sorted.tolist()
         assert batched.mean == pytest.approx(single.mean, nan_ok=True)
         assert batched.variance == pytest.approx(single.variance, abs=1e-9)
+
+
+def test_settings_check_model_names_without_importing_the_models():
+    """No import circle settings -> ttl_registry -> cost_model -> settings: the settings read the
+    names from core/ttl_names.py, which the registry must match exactly."""
+    import subprocess
+    import sys
+
+    from sglang_continuum.core.ttl_names import TTL_MODEL_NAMES
+    from sglang_continuum.core.ttl_registry import TTL_MODELS
+
+    assert set(TTL_MODELS) == TTL_MODEL_NAMES
+    with pytest.raises(ValueError, match="unknown TTL model"):
+        ContinuumSettings(ttl_model="nope")
+    probe = (
+        "import sys; from sglang_continuum.core.settings import ContinuumSettings; ContinuumSettings(ttl_model='cost'); "
+        "assert not {m for m in sys.modules if m.endswith(('ttl_registry', 'cost_model', '.ttl', 'offload'))}, sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", probe], check=True)
