@@ -9,6 +9,7 @@ bounded by ``max_records`` so a forgotten setting cannot fill a disk.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict
 from pathlib import Path
 from typing import IO, Optional
@@ -18,13 +19,20 @@ import orjson
 
 from sglang_continuum.core.controller import AdmissionRecord
 
+logger = logging.getLogger(__name__)
+
 
 class AdmissionLog:
     def __init__(self, path: str, *, max_records: int = 1_000_000) -> None:
         self.path = Path(path)
         self.max_records = max_records
         self.written = 0
-        self._file: Optional[IO[bytes]] = open(self.path, "ab")  # noqa: SIM115 (closed by close())
+        self._file: Optional[IO[bytes]] = None
+        try:  # a debugging aid: a path that cannot be written is reported, never fatal
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "ab")  # noqa: SIM115 (closed by close())
+        except OSError as exc:
+            logger.error("continuum: admission log off: cannot write %s (%s)", self.path, exc)
 
     def write(self, rid: str, now: float, record: AdmissionRecord) -> None:
         if self._file is None or self.written >= self.max_records:

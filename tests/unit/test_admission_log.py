@@ -32,3 +32,15 @@ def test_records_say_which_requests_waited_and_why(tmp_path):
     assert s["requests"] == 4 and s["overdue_share"] == 0.25 and s["max_overtaken"] == 3
     assert s["slowest"][0]["rid"] == "old" and s["max_wait_s"] == 4.0
     assert summarize_admissions([]) == {}
+
+
+def test_an_unwritable_path_turns_the_log_off_and_serving_goes_on(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    log = AdmissionLog(str(blocker / "sub" / "a.jsonl"))  # a parent that is a file
+    log.write("r", 0.0, None)  # ignored, no exception
+    log.flush()
+    log.close()
+    nested = AdmissionLog(str(tmp_path / "new" / "dir" / "a.jsonl"))  # missing parents are made
+    nested.close()
+    assert (tmp_path / "new" / "dir" / "a.jsonl").is_file()
