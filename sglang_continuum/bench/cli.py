@@ -31,7 +31,8 @@ FCFS, no pins: a zero pin budget) and ``continuum-pins-only`` (pins, requests in
 and ``continuum-no-wait-bound`` (the paper's program-level FCFS: no starvation bound). Issue 22's
 decomposition of bounded waiting: ``continuum-3s`` (the 3 s bound shipped before, with its three
 consequences), ``-3s-rank-shed``, ``-3s-pinned-first``, ``-3s-no-bypass`` (each consequence off),
-``continuum-no-bound-no-ac``, ``continuum-order-only-no-bound``, ``continuum-3s-only``.
+``continuum-no-bound-no-ac``, ``continuum-order-only-no-bound``, ``continuum-3s-only``,
+``continuum-open-door`` (no limit on overdue first turns passing admission control).
 Any policy with ``+hicache`` adds SGLang's host tier (``--enable-hierarchical-cache``) and is
 compared with ``fcfs+hicache``.
 
@@ -87,6 +88,7 @@ OLD_3S = {
     "SGLANG_CONTINUUM_OVERDUE_BEFORE_PINNED": "true",
     "SGLANG_CONTINUUM_OVERDUE_SHEDS_ANY_PIN": "true",
     "SGLANG_CONTINUUM_SHED_WAITING_PINS": "true",
+    "SGLANG_CONTINUUM_OVERDUE_ADMISSION_OVERCOMMIT": "0",
 }
 POLICIES: dict[str, tuple[list[str], dict[str, str]]] = {
     "fcfs": (["--schedule-policy", "fcfs"], {}),
@@ -125,6 +127,8 @@ POLICIES: dict[str, tuple[list[str], dict[str, str]]] = {
         ["--schedule-policy", "continuum"],
         {**OLD_3S, "SGLANG_CONTINUUM_OVERDUE_ADMISSION_OVERCOMMIT": "1"},
     ),
+    # the shipped bound with no limit on overdue first turns passing admission control
+    "continuum-open-door": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_OVERDUE_ADMISSION_OVERCOMMIT": "0"}),
     # the new bound's trigger in seconds instead of overtakes (everything else as shipped)
     "continuum-3s-only": (
         ["--schedule-policy", "continuum"],

@@ -71,7 +71,7 @@ class ContinuumSettings(BaseModel):
         "a bound in seconds turns every turn overdue under overload)",
     )
     overdue_admission_overcommit: float = Field(
-        0.0,
+        1.5,
         ge=0,
         description="an overdue first turn passes admission control only while the working sets plus its prompt "
         "fit in this many pools; 0 = no limit",
