@@ -19,7 +19,7 @@ PY=.venv/bin/python
 BENCH=.venv/bin/continuum-bench
 
 echo "[demo] part 1/2: PREDICTED at GPU scale (emulated H100 + Llama-3.1-8B, not measured)"
-$PY -m sglang_continuum.workloads.generate swe --programs 500 --seed 0 --out "$OUT/swe-500.jsonl" >/dev/null
+$PY -m sglang_continuum.workloads.generate swe --programs 500 --seed 0 --max-context 131000 --out "$OUT/swe-500.jsonl" >/dev/null
 $BENCH --emulate configs/profiles/h100-sglang-llama-3.1-8b.json --workload "$OUT/swe-500.jsonl" --programs 120 \
   --jps 0.1 --seeds 1,2,3 --policies fcfs,lpm,continuum --jobs 2 --summary-only --out "$OUT/emulated"
 

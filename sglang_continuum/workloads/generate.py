@@ -149,6 +149,11 @@ def generate(
     return out
 
 
+def peak_context(program: Program) -> int:
+    """The longest prompt plus output any turn of ``program`` sends (its last turn's)."""
+    return sum(t.append_tokens + t.output_tokens for t in program.turns)
+
+
 def summary(programs: list[Program]) -> dict:
     turns = np.array([len(p.turns) for p in programs])
     tools = np.array([t.tool_duration_s for p in programs for t in p.turns[:-1]])
@@ -173,6 +178,12 @@ def main(argv=None) -> int:
     ap.add_argument("--turn-repeat", type=int, default=1)
     ap.add_argument("--max-tool-s", type=float, default=float("inf"), help="clip tool durations (seconds)")
     ap.add_argument("--output-scale", type=float, default=None, help="output token scale (default: --token-scale)")
+    ap.add_argument(
+        "--max-context",
+        type=int,
+        default=0,
+        help="leave out programs whose context would outgrow this many tokens (a model's limit); 0 = keep all",
+    )
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     programs = generate(
@@ -184,6 +195,12 @@ def main(argv=None) -> int:
         max_tool_s=args.max_tool_s,
         output_scale=args.output_scale,
     )
+    if args.max_context > 0:
+        kept = [p for p in programs if peak_context(p) <= args.max_context]
+        for p in programs:
+            if peak_context(p) > args.max_context:
+                print(f"left out {p.program_id}: its context reaches {peak_context(p)} > {args.max_context} tokens")
+        programs = kept
     dump_workload(programs, args.out)
     print(f"wrote {args.out}: {summary(programs)}")
     return 0

@@ -119,3 +119,15 @@ def test_importer_mini_swe_agent_messages():
     prog = messages_to_program("m", msgs, lambda t: len(t.split()), default_tool_s=1.5)
     assert [t.tool for t in prog.turns] == ["grep", None]
     assert prog.turns[0].tool_duration_s == 1.5  # mini-swe-agent records no time on the call
+
+
+def test_generate_leaves_out_programs_past_a_context_limit(tmp_path, capsys):
+    from sglang_continuum.workloads.generate import main, peak_context
+
+    everything = generate("swe", 40, seed=0)
+    limit = sorted(peak_context(p) for p in everything)[-3]  # the two longest programs go
+    out = tmp_path / "w.jsonl"
+    assert main(["swe", "--programs", "40", "--seed", "0", "--max-context", str(limit), "--out", str(out)]) == 0
+    kept = load_workload(out)
+    assert len(kept) == 38 and all(peak_context(p) <= limit for p in kept)
+    assert capsys.readouterr().out.count("left out") == 2
