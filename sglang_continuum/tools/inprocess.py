@@ -165,3 +165,12 @@ class SchedulerDriver:
 
     def output_ids(self, rid: str) -> list[int]:
         return list(self.reqs[rid].output_ids)
+
+
+def release_parallel_runtime() -> None:
+    """Undo the process-wide parallel runtime a built scheduler brought up (SGLang builds it once
+    per process), so that another module's tests can build a scheduler of their own."""
+    from sglang.srt.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+    destroy_model_parallel()
+    destroy_distributed_environment()

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from sglang_continuum.tools.inprocess import SchedulerDriver, build_scheduler
+from sglang_continuum.tools.inprocess import SchedulerDriver, build_scheduler, release_parallel_runtime
 
 pytestmark = pytest.mark.sglang
 
@@ -22,6 +22,7 @@ def driver(tiny_model):
     mp.setenv("SGLANG_CONTINUUM_CHECK_INTEGRITY", "1")
     sched = build_scheduler(tiny_model, max_total_tokens=1024)
     yield SchedulerDriver(sched)
+    release_parallel_runtime()  # the next module may build its own scheduler in this process
     mp.undo()
 
 

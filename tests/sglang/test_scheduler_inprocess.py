@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sglang_continuum.core.tool_stats import ToolStats
-from sglang_continuum.tools.inprocess import SchedulerDriver, build_scheduler
+from sglang_continuum.tools.inprocess import SchedulerDriver, build_scheduler, release_parallel_runtime
 
 pytestmark = pytest.mark.sglang
 POOL = 1024
@@ -45,6 +45,7 @@ def driver(tiny_model, tmp_path_factory):
         mp.setenv(k, v)
     sched = build_scheduler(tiny_model, max_total_tokens=POOL)
     yield SchedulerDriver(sched)
+    release_parallel_runtime()  # the next module may build its own scheduler in this process
     mp.undo()
 
 
