@@ -246,8 +246,10 @@ def test_run_script_commands(tmp_path):
     fake.write_text(FAKE_PYTHON)
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     calls = tmp_path / "calls.txt"
+    # only what the GPU machine's shell would have: variables earlier tests' servers and
+    # schedulers leave in this process must not steer the script
     env = {
-        **os.environ,
+        **{k: os.environ[k] for k in ("PATH", "HOME", "LANG", "TMPDIR") if k in os.environ},
         "PYTHON": str(fake),
         "REAL_PYTHON": sys.executable,
         "PYTHONPATH": str(ROOT),
@@ -259,8 +261,9 @@ def test_run_script_commands(tmp_path):
     r = subprocess.run(["bash", str(RUN_SH), "all"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     recorded = calls.read_text().splitlines()
-    commands = recorded[1::2]
-    pythonpath = recorded[-2]
+    # the smoke server runs in the background: its two recorded lines may interleave with others
+    commands = [line for line in recorded if not line.startswith("PYTHONPATH=")]
+    pythonpath = [line for line in recorded if line.startswith("PYTHONPATH=")][-1]
     install = next(c for c in commands if c.startswith("-m pip install"))
     for flag in ("--no-index", "--no-deps", f"--target {tmp_path / 'site'}"):
         assert flag in install
