@@ -27,4 +27,4 @@ echo "[demo] part 2/2: MEASURED on this machine (real SGLang servers on CPU, tin
 $BENCH --workload workloads/swe-cpu-prefill.jsonl --model .models/tiny-llama --policies fcfs,lpm,continuum \
   --jps 1 --pool-programs 3 --programs 12 --seeds 1,2,3 --out "$OUT/measured"
 
-$PY -m sglang_continuum.bench.demo "$OUT"
+$PY -m sglang_continuum.cli.demo "$OUT"

@@ -19,7 +19,7 @@ for k in 1 2 3 4 5; do
 done
 $PY -m sglang_continuum.workloads.generate bfcl --programs 500 --seed 0 --out "$WL/bfcl-500.jsonl" >/dev/null
 
-bench() { $PY -m sglang_continuum.bench.cli --emulate "$PROFILE" --jobs 2 --summary-only "$@"; }
+bench() { $PY -m sglang_continuum.cli.bench --emulate "$PROFILE" --jobs 2 --summary-only "$@"; }
 KNEE=0.07
 MAIN=fcfs,lpm,continuum,continuum-no-wait-bound
 

@@ -61,4 +61,4 @@ else
   echo "$want" > "$STAMP"
   echo "[setup] environment built in $(( $(date +%s) - t0 ))s"
 fi
-"$VENV/bin/python" -m sglang_continuum.tools.tiny_model --out "$ROOT/.models/tiny-llama" --if-missing
+"$VENV/bin/python" -m sglang_continuum.harness.tiny_model --out "$ROOT/.models/tiny-llama" --if-missing

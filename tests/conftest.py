@@ -27,7 +27,7 @@ for name, value in STRICT_CHECKS.items():
 @pytest.fixture(scope="session")
 def tiny_model() -> str:
     if not (TINY_MODEL / "continuum_tiny_model.json").exists():
-        from sglang_continuum.tools.tiny_model import build
+        from sglang_continuum.harness.tiny_model import build
 
         build(TINY_MODEL)
     return str(TINY_MODEL)

@@ -33,13 +33,14 @@ from sglang_continuum.adapter.metrics import ContinuumMetrics
 from sglang_continuum.adapter.request import context_tokens, get_tag, read_program_meta, set_tag
 from sglang_continuum.core.admission_log import AdmissionLog
 from sglang_continuum.core.clock import Clock, StepClock, default_clock
-from sglang_continuum.core.controller import ContinuumController, StepPlan, TurnTag
+from sglang_continuum.core.controller import ContinuumController
 from sglang_continuum.core.cost_model import PrefillProfile
 from sglang_continuum.core.metadata import MalformedReporter, ProgramMeta
 from sglang_continuum.core.persistence import StatsSaver, load_stats
 from sglang_continuum.core.pins import Pin, Tier
 from sglang_continuum.core.settings import ContinuumSettings
 from sglang_continuum.core.stats_exchange import StatsExchange
+from sglang_continuum.core.turns import StepPlan, TurnTag
 
 logger = logging.getLogger(__name__)
 

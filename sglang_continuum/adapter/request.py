@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
-from sglang_continuum.core.controller import TurnTag
 from sglang_continuum.core.metadata import MalformedReporter, ProgramMeta, parse_program_meta
+from sglang_continuum.core.turns import TurnTag
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req

@@ -8,7 +8,7 @@ import numpy as np
 
 from sglang_continuum.bench.replay import ReplayResult
 from sglang_continuum.core.series import series_name
-from sglang_continuum.tools.server import parse_metrics
+from sglang_continuum.harness.server import parse_metrics
 
 # report column -> scraped series (Continuum's from the one table in core/series.py)
 PIN_SERIES = {

@@ -17,7 +17,7 @@ from typing import IO, Optional
 import numpy as np
 import orjson
 
-from sglang_continuum.core.controller import AdmissionRecord
+from sglang_continuum.core.turns import AdmissionRecord
 
 logger = logging.getLogger(__name__)
 

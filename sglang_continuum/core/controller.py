@@ -17,10 +17,19 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-from dataclasses import dataclass, field, fields
 from typing import Callable, Optional
 
 from sglang_continuum.core.clock import Clock
+from sglang_continuum.core.counters import (
+    SHED_REASONS,
+    AdmissionCounters,
+    HostCounters,
+    IdentityCounters,
+    PinCounters,
+    ProgramCounters,
+    ShedCounters,
+    counter_values,
+)
 from sglang_continuum.core.metadata import SOURCE_INFERRED, ProgramMeta
 from sglang_continuum.core.offload import ReloadCost, predicted_return
 from sglang_continuum.core.pins import Pin, PinTable, Tier
@@ -31,143 +40,9 @@ from sglang_continuum.core.stats_exchange import DURATION, OUTCOME, Sample
 from sglang_continuum.core.tool_stats import UNKNOWN_TOOL, ToolStats
 from sglang_continuum.core.ttl import TTLModel, TTLQuery
 from sglang_continuum.core.ttl_registry import build_ttl_model
+from sglang_continuum.core.turns import AdmissionRecord, FinishOutcome, StepPlan, TurnTag
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class TurnTag:
-    """What the adapter stores on a request when it arrives."""
-
-    meta: ProgramMeta
-    request_rank: int  # arrival order of this request
-    program_rank: int  # arrival order of its program's first turn (== request_rank without a program)
-    arrival: float = 0.0
-    returning_miss: bool = False  # a later turn whose program held no pin when it arrived
-    held_back: bool = False  # admission control kept it waiting at least once
-    turn: int = 1  # its program's turns seen here so far, this one included (1 = first turn)
-    # Bounded waiting. ``queued_at``: when it (re-)entered the queue (a retraction restarts it).
-    # ``overtake_base``: admissions counted when it (re-)entered plus the requests already
-    # waiting then (those go first under FCFS too); admissions beyond that overtook it.
-    queued_at: float = 0.0
-    overtake_base: int = 0
-    bypassed: bool = False  # admitted past admission control because it was overdue
-
-
-@dataclass(frozen=True, slots=True)
-class AdmissionRecord:
-    """What happened to one request before it was admitted (the per-request view of bounded
-    waiting: which requests were slow and why)."""
-
-    program_id: Optional[str]
-    turn: int
-    wait_s: float  # from (re-)entering the queue to admission
-    overtaken: int  # requests that arrived after it and were admitted ahead of it (approximate)
-    overdue: bool  # it was overdue when admitted
-    held_back: bool  # admission control held it back at least once
-    bypassed: bool  # admitted past admission control because it was overdue
-    pin_hit: bool  # its program's pin held its prefix
-
-
-@dataclass(slots=True)
-class PinCounters:
-    created: int = 0
-    hits: int = 0  # the next turn was admitted while the pin held its prefix
-    expired: int = 0
-    shed: int = 0  # released early to make room (budget, admission, memory pressure)
-    refused: int = 0  # not created: the budget is held by earlier programs
-    released: int = 0  # last step, abort, retraction, replaced, program forgotten
-    flushed: int = 0  # dropped with the whole tree by a cache reset (/flush_cache)
-
-
-@dataclass(slots=True)
-class HostCounters:
-    offloaded: int = 0  # device pins whose prefix went to a protected host copy
-    offload_failed: int = 0  # no host copy could be made (host pool full of protected copies)
-    host_hits: int = 0  # returning turns that loaded their prefix back from host
-    host_hit_tokens: int = 0  # tokens loaded back instead of recomputed
-    host_expired: int = 0
-    host_released: int = 0  # next turn admitted, last step, abort, budget, flush
-    reloads_started: int = 0  # predictive reloads
-    reloads_used: int = 0  # the returning turn found the reloaded prefix on the device
-    reloads_wasted: int = 0  # evicted again before the turn came, or the program never came back
-
-
-@dataclass(slots=True)
-class AdmissionCounters:
-    held_back: int = 0  # new programs' first turns kept waiting by admission control
-    admission_sheds: int = 0  # pins shed so that a blocked turn could be admitted (any rule)
-    admitted: int = 0  # requests admitted (the clock of the overtaking bound)
-    overdue_admitted: int = 0  # requests that were overdue when admitted
-    bypassed: int = 0  # overdue first turns admitted past admission control
-    bypass_refused: int = 0  # checks that kept an overdue first turn back: the overcommit limit was reached
-
-
-@dataclass(slots=True)
-class ShedCounters:
-    """Pins shed, by the rule that shed them (their sum is ``PinCounters.shed``)."""
-
-    admission: int = 0  # for a blocked turn, pins of programs ranked after it
-    idle: int = 0  # for a blocked turn, any pin: the engine would otherwise idle
-    overdue: int = 0  # for a blocked overdue turn, any pin (ablation overdue_sheds_any_pin only)
-    alloc: int = 0  # an allocation (prefill or decode) would otherwise fail
-    budget: int = 0  # a new pin of an earlier program needed the pin budget
-    while_waiting: int = 0  # ... of which the program's next turn was already waiting (a certain hit lost)
-    returned: int = 0  # programs whose pin was shed came back (the cost model's pin survival)
-
-
-SHED_REASONS = ("admission", "idle", "overdue", "alloc")
-
-
-@dataclass(slots=True)
-class ProgramCounters:
-    last_step: int = 0  # ended by a turn flagged as the last step
-    terminal_tool: int = 0  # ended by a turn that called a terminal tool (a submit)
-    released: int = 0  # ended by the client after the fact (/close_session)
-    forgotten: int = 0  # dropped idle or by the registry bound
-    not_returned: int = 0  # ended while out on a tool call: that tool's return probability falls
-    seen: int = 0  # programs whose first turn seen here made a new entry
-    # Ended here by a last step that carried its step number N: ``affine`` if turns 1..N all
-    # arrived here, ``split`` if some went to another worker (routing did not keep it together).
-    affine: int = 0
-    split: int = 0
-
-
-@dataclass(slots=True)
-class IdentityCounters:
-    """Arriving requests by where their program id came from (``metadata.SOURCES``)."""
-
-    program_id: int = 0  # custom_params.program_id (or job_id)
-    session_id: int = 0  # SGLang's session_id
-    routing_key: int = 0  # SGLang's routing key (X-SMG-Routing-Key)
-    inferred: int = 0  # attributed to a program from its prefix
-    none: int = 0  # no program: served as under FCFS
-
-    def count(self, source: str) -> None:
-        setattr(self, source, getattr(self, source) + 1)
-
-
-@dataclass(slots=True)
-class FinishOutcome:
-    pin: Optional[Pin] = None
-    release: list[Pin] = field(default_factory=list)
-    ttl: Optional[float] = None
-
-
-@dataclass(slots=True)
-class StepPlan:
-    """What one scheduler step must do, in order: release ``expired`` device pins (offloading
-    them when a host tier exists), release ``released`` pins and ``host_expired`` host pins, then
-    start ``reloads``."""
-
-    expired: list[Pin] = field(default_factory=list)
-    released: list[Pin] = field(default_factory=list)  # pins of programs forgotten this step
-    host_expired: list[Pin] = field(default_factory=list)
-    reloads: list[Pin] = field(default_factory=list)
-
-
-def counter_values(counters) -> dict[str, int]:
-    return {f.name: getattr(counters, f.name) for f in fields(counters)}
 
 
 class ContinuumController:

@@ -38,7 +38,7 @@ def emulate(
     no_ids: bool = False,
     marks: tuple[float, ...] = (60.0,),
 ) -> dict:
-    from sglang_continuum.bench.cli import parse_policy, tlru_config
+    from sglang_continuum.bench.policies import parse_policy, tlru_config
     from sglang_continuum.workloads.schema import load_workload
 
     programs = load_workload(workload)

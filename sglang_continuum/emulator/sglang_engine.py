@@ -14,7 +14,7 @@ The emulator runs SGLang 0.5.23's real ``Scheduler`` in this process: its waitin
   have cost on the profiled GPU is read off the batch by :func:`describe_batch`.
 
 Building, submitting and selecting batches are the in-process harness the tier-2 tests use
-(``tools/inprocess.py``). The serving code (``sglang_continuum.adapter``) does not know this
+(``harness/inprocess.py``). The serving code (``sglang_continuum.adapter``) does not know this
 module exists: it sees a scheduler, and the clock :func:`sglang_continuum.core.clock.use_clock`
 gave it.
 """
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from sglang_continuum.tools.inprocess import construct_scheduler, select_batch, submit_request
+from sglang_continuum.harness.inprocess import construct_scheduler, select_batch, submit_request
 
 OUTPUT_TOKEN = 7  # every emulated output token (never EOS: the accounting model's EOS is 2)
 ACCOUNTING_VOCAB = 1024

@@ -83,7 +83,7 @@ class StepLatencyModel:
         if not (self.kv_bytes_per_token and self.host_bytes_per_s):
             raise ValueError(
                 f"profile {self.name!r} needs kv_bytes_per_token and host_bytes_per_s to emulate HiCache "
-                "(host-to-device bandwidth: continuum-profile --host-bandwidth, or scripts/profile_gpu_torch.py)"
+                "(host-to-device bandwidth: continuum-profile --host-bandwidth, or sglang_continuum/cli/profile_gpu_torch.py)"
             )
 
     def host_load_seconds(self, tokens: int) -> float:

@@ -5,8 +5,8 @@ from argparse import Namespace
 
 import pytest
 
-from sglang_continuum.tools.agents import load_tasks, run_fleet
-from sglang_continuum.tools.server import SGLangServer
+from sglang_continuum.cli.agents import load_tasks, run_fleet
+from sglang_continuum.harness.server import SGLangServer
 from sglang_continuum.workloads.importer import import_files
 
 pytestmark = pytest.mark.e2e

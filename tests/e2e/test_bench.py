@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from sglang_continuum.bench.cli import main as bench_main
 from sglang_continuum.bench.replay import replay
-from sglang_continuum.tools.server import parse_metrics
+from sglang_continuum.cli.bench import main as bench_main
+from sglang_continuum.harness.server import parse_metrics
 from sglang_continuum.workloads.schema import Program, Turn, dump_workload
 
 pytestmark = pytest.mark.e2e

@@ -9,9 +9,9 @@ import time
 import httpx
 import pytest
 
-from sglang_continuum.bench.fleet import Fleet, SmgRouter, fleet_summary, worker_table
 from sglang_continuum.bench.replay import Replayer, replay
-from sglang_continuum.tools.server import SGLangServer, parse_metrics
+from sglang_continuum.harness.fleet import Fleet, SmgRouter, fleet_summary, worker_table
+from sglang_continuum.harness.server import SGLangServer, parse_metrics
 from tests.e2e.conftest import ARGS
 from tests.e2e.test_bench import tiny_workload
 

@@ -12,9 +12,9 @@ import time
 import httpx
 import pytest
 
-from sglang_continuum.bench.cli import HICACHE_CPU_FLAGS
+from sglang_continuum.bench.policies import HICACHE_CPU_FLAGS
 from sglang_continuum.client import continuum_custom_params
-from sglang_continuum.tools.server import SGLangServer, parse_metrics
+from sglang_continuum.harness.server import SGLangServer, parse_metrics
 
 pytestmark = pytest.mark.e2e
 POOL = 2048

@@ -2,8 +2,8 @@
 
 import pytest
 
+from sglang_continuum.cli.profiler import measure, measure_decode, measure_extend
 from sglang_continuum.emulator.step_model import StepLatencyModel, fit_decode, fit_prefill
-from sglang_continuum.tools.profiler import measure, measure_decode, measure_extend
 
 pytestmark = pytest.mark.e2e
 

@@ -10,7 +10,7 @@ from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 from sglang_continuum.core.clock import ManualClock
 from sglang_continuum.core.metadata import ProgramMeta
 from sglang_continuum.core.settings import ContinuumSettings
-from sglang_continuum.tools.cpu_cache import TurnDriver, make_cache
+from sglang_continuum.harness.cpu_cache import TurnDriver, make_cache
 
 pytestmark = pytest.mark.sglang
 

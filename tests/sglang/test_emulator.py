@@ -122,7 +122,7 @@ def test_under_pressure_continuum_keeps_more_of_the_next_turns_context_than_fcfs
 
 
 def test_bench_emulate_reports_every_policy_as_an_emulated_run(tmp_path, pressure_workload):
-    from sglang_continuum.bench.cli import main
+    from sglang_continuum.cli.bench import main
 
     workload, programs = pressure_workload
     out = tmp_path / "bench"

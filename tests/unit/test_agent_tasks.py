@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from sglang_continuum.cli.agents import SUBMIT_COMMAND, command_grammar, load_tasks
 from sglang_continuum.core.tool_calls import identify_tool
-from sglang_continuum.tools.agents import SUBMIT_COMMAND, command_grammar, load_tasks
 
 TASKS = Path(__file__).resolve().parents[2] / "workloads" / "tasks"
 MSWEA_ACTION = r"```mswea_bash_command\s*\n(.*?)\n```"  # mini-swe-agent 2.4.6's text-mode action regex

@@ -2,7 +2,7 @@
 
 import json
 
-from sglang_continuum.bench.cli import HICACHE_CPU_FLAGS, context_length, parse_policy
+from sglang_continuum.bench.policies import HICACHE_CPU_FLAGS, context_length, parse_policy
 from sglang_continuum.bench.report import baseline_of, markdown_table, plots
 from sglang_continuum.bench.seeds import aggregate, collapsed_flags, headline, run_order, seeds_table
 

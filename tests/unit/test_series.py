@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from sglang_continuum.core.controller import (
+from sglang_continuum.core.counters import (
     AdmissionCounters,
     HostCounters,
     IdentityCounters,

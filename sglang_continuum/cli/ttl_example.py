@@ -5,7 +5,7 @@ Tool times come from ``execution_time_seconds``; tools are classed as the server
 125 calls, the default K is 100) the chain uses each tool's own CDF once it has more than 10
 samples and the global CDF otherwise. Printed for three benefits B = T*eta + PrefillReload.
 
-    python -m sglang_continuum.tools.ttl_example [tests/data/swe_smith_5_trajectories_with_tool_times.json]
+    python -m sglang_continuum.cli.ttl_example [tests/data/swe_smith_5_trajectories_with_tool_times.json]
 """
 
 from __future__ import annotations

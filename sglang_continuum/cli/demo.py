@@ -1,7 +1,7 @@
 """The main job's closing summary (``scripts/demo.sh``): what was compared, the ratios, their
 spread, where the plots are -- for the emulated part and the measured part, each labelled.
 
-    python -m sglang_continuum.bench.demo OUT    (reads OUT/emulated and OUT/measured)
+    python -m sglang_continuum.cli.demo OUT    (reads OUT/emulated and OUT/measured)
 """
 
 from __future__ import annotations

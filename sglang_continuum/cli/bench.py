@@ -7,34 +7,7 @@ replays the identical seeded workload, scrapes ``/metrics``, stops the server, a
     continuum-bench --workload workloads/swe-cpu.jsonl --model .models/tiny-llama \\
         --policies fcfs,lpm,continuum-ref,continuum --jps 0.5 --out out/bench
 
-Policies: SGLang's own ``fcfs``, ``lpm``, and the stock alternatives an SGLang 0.5.23 user has
-for agent workloads (all with fcfs scheduling):
-
-- ``tlru``: ``--radix-eviction-policy tlru`` (tail-optimised LRU, arXiv:2510.15152). It refuses to
-  start without ``--radix-eviction-policy-config`` holding ``threshold`` > ``next_prompt_estimate``
-  (tokens); ``tlru_config`` derives both from the workload.
-- ``priority-evict``: ``--radix-eviction-policy priority`` ranks nodes by (priority, last access).
-  A finished request's path is inserted with its priority (0 when the client sends none, as the
-  replay does) and its prompt part again with priority + 1, so without request priorities it
-  evicts the output tails (tokens no prompt has carried yet) before any prompt, then LRU. In an
-  agent program that tail is the last turn's output, which the next turn re-sends.
-- ``session``: ``--enable-session-radix-cache`` (forces SGLang's Python tree core). A ``/generate``
-  carrying a top-level ``session_id`` opens the session implicitly (no ``/open_session``); each
-  finished turn's path is referenced by its session, and referenced KV is evicted only after
-  unreferenced KV (a preference, not a lock). The replay sends the program id as ``session_id``
-  and calls ``/close_session`` after the program's last turn, which drops the reference. Without
-  the flag SGLang only tags KV events with ``session_id``: fcfs and lpm serve it unchanged.
-
-Continuum: ``continuum-ref`` (the public reference's fixed 2 s rule), ``continuum-fixed`` (fixed
-TTL), ``continuum`` (the cost model), its two ablations ``continuum-order-only`` (program-level
-FCFS, no pins: a zero pin budget) and ``continuum-pins-only`` (pins, requests in arrival order),
-and ``continuum-no-wait-bound`` (the paper's program-level FCFS: no starvation bound). Issue 22's
-decomposition of bounded waiting: ``continuum-3s`` (the 3 s bound shipped before, with its three
-consequences), ``-3s-rank-shed``, ``-3s-pinned-first``, ``-3s-no-bypass`` (each consequence off),
-``continuum-no-bound-no-ac``, ``continuum-order-only-no-bound``, ``continuum-3s-only``,
-``continuum-open-door`` (no limit on overdue first turns passing admission control).
-Any policy with ``+hicache`` adds SGLang's host tier (``--enable-hierarchical-cache``) and is
-compared with ``fcfs+hicache``.
+Policies are named in ``bench/policies.py``.
 
 ``--seeds 1,2,3,4,5`` (and ``--repeat R``) runs every policy on every seed (the arrival process
 and the replay's tokens), interleaved (``run_order``: policies innermost, so drift over time hits
@@ -71,118 +44,21 @@ from typing import Optional
 from tqdm import tqdm
 
 from sglang_continuum.bench.attribution import read_log, score
-from sglang_continuum.bench.fleet import ROUTER_ARGS, ROUTER_POLICIES, Fleet, fleet_summary, worker_table
+from sglang_continuum.bench.policies import (
+    CPU_PROFILE,
+    context_length,
+    parse_policy,
+    pool_regime,
+    pressure_pool_tokens,
+    tlru_config,
+)
 from sglang_continuum.bench.replay import Replayer, ReplayResult
 from sglang_continuum.bench.report import markdown_table, plots, summarize
 from sglang_continuum.bench.seeds import aggregate, collapsed_flags, headline, run_order, seeds_table
 from sglang_continuum.core.admission_log import read_admission_log, summarize_admissions
-from sglang_continuum.tools.server import GPU_SHIM_ENV, GPU_SHIM_FLAGS, SGLangServer
+from sglang_continuum.harness.fleet import ROUTER_ARGS, ROUTER_POLICIES, Fleet, fleet_summary, worker_table
+from sglang_continuum.harness.server import GPU_SHIM_ENV, GPU_SHIM_FLAGS, SGLangServer, cpu_split, tree_cores
 from sglang_continuum.workloads.schema import load_workload
-
-NO_BOUND = {"SGLANG_CONTINUUM_MAX_OVERTAKES": "0", "SGLANG_CONTINUUM_MAX_QUEUE_WAIT_S": "0"}
-# the bounded waiting shipped until issue 22: overdue after 3 s, and then ahead of pinned turns,
-# free to shed any pin (waiting turns' included) and to pass admission control
-OLD_3S = {
-    "SGLANG_CONTINUUM_MAX_OVERTAKES": "0",
-    "SGLANG_CONTINUUM_MAX_QUEUE_WAIT_S": "3",
-    "SGLANG_CONTINUUM_OVERDUE_BEFORE_PINNED": "true",
-    "SGLANG_CONTINUUM_OVERDUE_SHEDS_ANY_PIN": "true",
-    "SGLANG_CONTINUUM_SHED_WAITING_PINS": "true",
-    "SGLANG_CONTINUUM_OVERDUE_ADMISSION_OVERCOMMIT": "0",
-}
-POLICIES: dict[str, tuple[list[str], dict[str, str]]] = {
-    "fcfs": (["--schedule-policy", "fcfs"], {}),
-    "lpm": (["--schedule-policy", "lpm"], {}),
-    "tlru": (["--schedule-policy", "fcfs", "--radix-eviction-policy", "tlru"], {}),
-    "priority-evict": (["--schedule-policy", "fcfs", "--radix-eviction-policy", "priority"], {}),
-    "session": (["--schedule-policy", "fcfs", "--enable-session-radix-cache"], {}),
-    "continuum-ref": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_TTL_MODEL": "reference"}),
-    "continuum-fixed": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_TTL_MODEL": "fixed"}),
-    "continuum": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_TTL_MODEL": "cost"}),
-    # ablations of the cost-model policy: program-level FCFS without pins, pins in request order
-    "continuum-order-only": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_PIN_BUDGET_FRACTION": "0"}),
-    "continuum-pins-only": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_PROGRAM_ORDER": "false"}),
-    # the paper's program-level FCFS without any starvation bound
-    "continuum-no-wait-bound": (["--schedule-policy", "continuum"], NO_BOUND),
-    "continuum-no-bound-no-ac": (
-        ["--schedule-policy", "continuum"],
-        {**NO_BOUND, "SGLANG_CONTINUUM_ADMISSION_CONTROL": "false"},
-    ),
-    "continuum-order-only-no-bound": (
-        ["--schedule-policy", "continuum"],
-        {**NO_BOUND, "SGLANG_CONTINUUM_PIN_BUDGET_FRACTION": "0"},
-    ),
-    # issue 22's decomposition: the bound shipped before (3 s, with its three consequences), then
-    # each consequence switched off in turn
-    "continuum-3s": (["--schedule-policy", "continuum"], OLD_3S),
-    "continuum-3s-rank-shed": (
-        ["--schedule-policy", "continuum"],
-        {**OLD_3S, "SGLANG_CONTINUUM_OVERDUE_SHEDS_ANY_PIN": "false", "SGLANG_CONTINUUM_SHED_WAITING_PINS": "false"},
-    ),
-    "continuum-3s-pinned-first": (
-        ["--schedule-policy", "continuum"],
-        {**OLD_3S, "SGLANG_CONTINUUM_OVERDUE_BEFORE_PINNED": "false"},
-    ),
-    "continuum-3s-no-bypass": (
-        ["--schedule-policy", "continuum"],
-        {**OLD_3S, "SGLANG_CONTINUUM_OVERDUE_ADMISSION_OVERCOMMIT": "1"},
-    ),
-    # the shipped bound with no limit on overdue first turns passing admission control
-    "continuum-open-door": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_OVERDUE_ADMISSION_OVERCOMMIT": "0"}),
-    # the new bound's trigger in seconds instead of overtakes (everything else as shipped)
-    "continuum-3s-only": (
-        ["--schedule-policy", "continuum"],
-        {"SGLANG_CONTINUUM_MAX_OVERTAKES": "0", "SGLANG_CONTINUUM_MAX_QUEUE_WAIT_S": "3"},
-    ),
-}
-HICACHE_FLAGS = ["--enable-hierarchical-cache"]
-# CPU servers: the direct io backend with the layer-first host layout (the one the CPU shim's
-# stand-in for sgl_kernel's transfer_kv_direct serves; see docs/cpu-shim.md)
-HICACHE_CPU_FLAGS = ["--hicache-io-backend", "direct", "--hicache-mem-layout", "layer_first"]
-CPU_PROFILE = Path(__file__).resolve().parents[2] / "configs" / "profiles" / "cpu-tiny-llama.json"
-
-
-def pressure_pool_tokens(programs, hold_programs: float) -> int:
-    """A KV pool that holds about ``hold_programs`` average program contexts, and always the
-    largest single request: the regime where keeping or dropping a program's KV matters."""
-    ctx = [p.context_tokens for p in programs]
-    biggest = max(ctx) + max(t.output_tokens for p in programs for t in p.turns)
-    return int(max(biggest + 256, hold_programs * sum(ctx) / len(ctx)))
-
-
-def pool_regime(programs, pool: int) -> str:
-    """How the pool compares with the workload, in words for the report."""
-    ctx = [p.context_tokens for p in programs]
-    held = pool / (sum(ctx) / len(ctx))
-    if pool >= sum(ctx):
-        return f"~{held:.1f} average program contexts: holds every program at once, no memory pressure"
-    return (
-        f"~{held:.1f} average program contexts, all {len(ctx)} need {sum(ctx)}: memory pressure, the regime "
-        "where keeping a program's KV between turns matters"
-    )
-
-
-def context_length(model: Optional[str], pool: int) -> int:
-    """The pool size, capped at the model's own limit: SGLang refuses a longer ``--context-length``
-    (a pool that holds every program is larger than the tiny model's 32k positions)."""
-    config = Path(model or "") / "config.json"
-    if model and config.is_file():
-        limit = json.loads(config.read_text()).get("max_position_embeddings")
-        if isinstance(limit, int) and limit > 0:
-            return min(pool, limit)
-    return pool
-
-
-def parse_policy(name: str, *, cpu: bool = True) -> tuple[list[str], dict[str, str]]:
-    base, _, extra = name.partition("+")
-    if base not in POLICIES:
-        raise SystemExit(f"unknown policy {name!r}; choose from {sorted(POLICIES)} (optionally +hicache)")
-    args, env = POLICIES[base]
-    if extra == "hicache":
-        args = args + HICACHE_FLAGS + (HICACHE_CPU_FLAGS if cpu else [])
-    elif extra:
-        raise SystemExit(f"unknown policy suffix {extra!r}")
-    return list(args), dict(env)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -610,39 +486,6 @@ def _emulated_runs(grid, args, pool: int, extra_env: dict):
 
     with ThreadPoolExecutor(max(1, args.jobs)) as pool_:
         yield from pool_.map(one, grid)
-
-
-def tlru_config(programs) -> dict:
-    """T-LRU needs the next prompt's size and a tail threshold (tokens): the workload's mean
-    appended tokens per later turn, and 8x that (tokens deeper than this in a conversation cannot
-    change its tail TTFT, so they are evicted first)."""
-    later = [t.append_tokens for p in programs for t in p.turns[1:]] or [1]
-    estimate = max(1, int(sum(later) / len(later)))
-    return {"threshold": 8 * estimate, "next_prompt_estimate": estimate}
-
-
-def cpu_split(pin: bool) -> tuple[Optional[set[int]], Optional[set[int]]]:
-    """(server cores, client cores): the client gets the last core, the server the rest."""
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    if not pin or len(cores) < 2:
-        return None, None
-    return set(cores[:-1]), {cores[-1]}
-
-
-def tree_cores(pid: int) -> list[int]:
-    """Every core some thread of ``pid`` or of its descendants may run on: what the pinning really
-    did (SGLang re-binding its threads would show here)."""
-    import psutil
-
-    root = psutil.Process(pid)
-    cores: set[int] = set()
-    for proc in [root, *root.children(recursive=True)]:
-        try:
-            for thread in proc.threads():
-                cores |= os.sched_getaffinity(thread.id)
-        except (psutil.Error, OSError):
-            pass  # exited meanwhile
-    return sorted(cores)
 
 
 def _run(replayer: Replayer, programs, jps: float, desc: str, total_turns: int, cpus: Optional[set[int]] = None):

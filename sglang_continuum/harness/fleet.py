@@ -25,7 +25,7 @@ from typing import Mapping, Optional, Sequence
 import httpx
 
 from sglang_continuum.core.series import series_name
-from sglang_continuum.tools.server import SGLangServer, free_port, parse_metrics
+from sglang_continuum.harness.server import SGLangServer, free_port, parse_metrics
 
 ROUTER_POLICIES = ("consistent_hashing", "round_robin", "cache_aware", "prefix_hash", "power_of_two", "random")
 # smg 1.13 leaves a worker out of routing while its KV usage is >= 0.8 or 8 requests wait, on every

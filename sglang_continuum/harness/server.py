@@ -174,3 +174,27 @@ def parse_metrics(text: str, prefix: str = "sglang:continuum_") -> dict[str, flo
             name = line.split("{", 1)[0].split(" ", 1)[0]
             out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
     return out
+
+
+def cpu_split(pin: bool) -> tuple[Optional[set[int]], Optional[set[int]]]:
+    """(server cores, client cores): the client gets the last core, the server the rest."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if not pin or len(cores) < 2:
+        return None, None
+    return set(cores[:-1]), {cores[-1]}
+
+
+def tree_cores(pid: int) -> list[int]:
+    """Every core some thread of ``pid`` or of its descendants may run on: what the pinning really
+    did (SGLang re-binding its threads would show here)."""
+    import psutil
+
+    root = psutil.Process(pid)
+    cores: set[int] = set()
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            for thread in proc.threads():
+                cores |= os.sched_getaffinity(thread.id)
+        except (psutil.Error, OSError):
+            pass  # exited meanwhile
+    return sorted(cores)

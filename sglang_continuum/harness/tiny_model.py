@@ -1,7 +1,7 @@
 """Build the embedded tiny model offline: a byte-level BPE tokenizer trained here and a 2-layer
 Llama with random weights. No model hub is touched; the result is deterministic for a seed.
 
-    python -m sglang_continuum.tools.tiny_model --out .models/tiny-llama
+    python -m sglang_continuum.harness.tiny_model --out .models/tiny-llama
 """
 
 from __future__ import annotations

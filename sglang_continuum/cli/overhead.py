@@ -66,7 +66,7 @@ def bench_calc_priority(model_path: str, waiting: int, pins: int) -> dict:
     from sglang_continuum.adapter.schedule_policy import ContinuumSchedulePolicy
     from sglang_continuum.core.metadata import ProgramMeta
     from sglang_continuum.core.settings import ContinuumSettings
-    from sglang_continuum.tools.cpu_cache import TurnDriver, make_cache
+    from sglang_continuum.harness.cpu_cache import TurnDriver, make_cache
 
     load_plugins()
     args = ServerArgs(model_path=model_path, device="cpu", schedule_policy="continuum", max_total_tokens=65536)
@@ -215,7 +215,7 @@ def bench_stats_exchange(peers: int = 3, samples_per_interval=(0, 10, 100)) -> d
     from sglang_continuum.core.controller import ContinuumController
     from sglang_continuum.core.settings import ContinuumSettings
     from sglang_continuum.core.stats_exchange import DURATION, StatsExchange
-    from sglang_continuum.tools.server import free_port
+    from sglang_continuum.harness.server import free_port
 
     endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(peers + 2)]  # the last: nobody binds it
     late_endpoint = f"tcp://127.0.0.1:{free_port()}"  # a worker that starts at the end
@@ -367,7 +367,7 @@ def bench_decode(model_path: str, servers: int, batches: int, requests: int, new
 
     import httpx
 
-    from sglang_continuum.tools.server import SGLangServer
+    from sglang_continuum.harness.server import SGLangServer
 
     def one_batch(url: str, tokens: int) -> float:
         def one(i: int) -> None:

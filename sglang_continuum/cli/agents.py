@@ -45,9 +45,9 @@ from typing import Optional
 
 import httpx
 
-from sglang_continuum.bench.fleet import ROUTER_POLICIES, Fleet
 from sglang_continuum.core.tool_calls import SUBMIT_SENTINELS, command_tool
-from sglang_continuum.tools.server import SGLangServer, parse_metrics
+from sglang_continuum.harness.fleet import ROUTER_POLICIES, Fleet
+from sglang_continuum.harness.server import SGLangServer, parse_metrics
 
 SUBMIT_COMMAND = f"echo {SUBMIT_SENTINELS[0]}"
 ENDED_OK = {"Submitted", "LimitsExceeded"}  # a task "ended" by submit or by its step limit

@@ -4,7 +4,7 @@ For each choice it prints the classes, their sizes and duration spread, and the 
 within-class standard deviation of tool time (lower = a class predicts its duration better, which
 is what the per-tool CDF in the TTL model needs).
 
-    python -m sglang_continuum.tools.analyze_tool_classes tests/data/swe_smith_5_trajectories_with_tool_times.json
+    python -m sglang_continuum.cli.analyze_tool_classes tests/data/swe_smith_5_trajectories_with_tool_times.json
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ The weights are random bf16 created directly on the GPU from a ``LlamaConfig``; 
 downloaded. Attention is transformers' "sdpa" (PyTorch scaled_dot_product_attention), not
 SGLang's FlashInfer/FA3 kernels, and only the ``graph`` decode runs under a CUDA graph.
 
-    python3 scripts/profile_gpu_torch.py --out h100.json
+    python3 sglang_continuum/cli/profile_gpu_torch.py --out h100.json
 
 ``--tiny --device cpu`` runs a toy-sized smoke test of the code paths on a CPU.
 """
@@ -411,7 +411,7 @@ def measure_bandwidth(
     * scattered_gather_pinned_staging: the CPU gathers the pages into a pinned staging buffer,
       then one copy;
     * scattered_profiler_method: what ``continuum-profile --host-bandwidth``
-      (sglang_continuum/tools/profiler.py) does: ``src[order]`` (a CPU gather into pageable memory),
+      (sglang_continuum/cli/profiler.py) does: ``src[order]`` (a CPU gather into pageable memory),
       ``.to(device, non_blocking=True)``, then ``index_copy_`` on the device.
     """
     cuda = device.startswith("cuda")

@@ -18,9 +18,9 @@ and writes a profile JSON readable by ``sglang_continuum.core.cost_model.Prefill
 No GPU is needed. Run it in a scratch virtualenv (aiconfigurator pins numpy 1.26, so keep pyarrow < 19):
 
     python3 -m venv /tmp/aicvenv && /tmp/aicvenv/bin/pip install aiconfigurator==0.10.0 "pyarrow<19"
-    /tmp/aicvenv/bin/python scripts/h100_profile_from_aiconfigurator.py --model llama-3.1-8b \\
+    /tmp/aicvenv/bin/python sglang_continuum/cli/profile_from_aiconfigurator.py --model llama-3.1-8b \\
         --out configs/profiles/h100-sglang-llama-3.1-8b.json
-    /tmp/aicvenv/bin/python scripts/h100_profile_from_aiconfigurator.py --model llama-3.1-70b \\
+    /tmp/aicvenv/bin/python sglang_continuum/cli/profile_from_aiconfigurator.py --model llama-3.1-70b \\
         --out configs/profiles/h100-sglang-llama-3.1-70b-tp4.json
 """
 
@@ -33,12 +33,18 @@ import logging
 import sys
 from pathlib import Path
 
-import aiconfigurator
 import numpy as np
-import pandas as pd
-from aiconfigurator.sdk import config, models, perf_database
-from aiconfigurator.sdk.backends.factory import get_backend
-from scipy.optimize import nnls
+
+try:  # only in the scratch virtualenv the docstring describes; main() says so when missing
+    import aiconfigurator
+    import pandas as pd
+    from aiconfigurator.sdk import config, models, perf_database
+    from aiconfigurator.sdk.backends.factory import get_backend
+    from scipy.optimize import nnls
+except ImportError as exc:
+    _MISSING: ImportError | None = exc
+else:
+    _MISSING = None
 
 SYSTEM, BACKEND = "h100_sxm", "sglang"
 MODELS = {  # name -> (aiconfigurator model path, tensor parallel size)
@@ -104,6 +110,8 @@ def main() -> None:
     ap.add_argument("--version", help="sglang DB version (default: newest with its own measured tables)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    if _MISSING is not None:
+        raise SystemExit(f"needs aiconfigurator 0.10.0 (a scratch virtualenv, see this module's docstring): {_MISSING}")
     logging.basicConfig(level=logging.ERROR)  # aiconfigurator warns at length about grid extrapolation
 
     model_path, tp = MODELS[args.model]

@@ -189,8 +189,8 @@ def main(argv=None) -> int:
     if args.url is None:
         if not args.model:
             ap.error("give --url or --model")
-        from sglang_continuum.bench.cli import context_length, cpu_split
-        from sglang_continuum.tools.server import SGLangServer
+        from sglang_continuum.bench.policies import context_length
+        from sglang_continuum.harness.server import SGLangServer, cpu_split
 
         batches = [int(x) for x in args.decode_batches.split(",")] if args.decode else [1]
         contexts = [int(x) for x in args.decode_contexts.split(",")] if args.decode else [0]
@@ -224,7 +224,7 @@ def main(argv=None) -> int:
     profile = PrefillProfile.fit(
         points,
         name=args.name or args.out.stem,
-        notes=f"measured by sglang_continuum.tools.profiler on {platform.node()} ({platform.processor() or platform.machine()}), "
+        notes=f"measured by sglang_continuum.cli.profiler on {platform.node()} ({platform.processor() or platform.machine()}), "
         f"{args.repeats} repeats per length, median /generate latency with max_new_tokens=1",
     )
     if args.host_bandwidth:

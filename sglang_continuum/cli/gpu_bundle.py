@@ -15,7 +15,7 @@ most 64 MiB in all. ``build`` (here, on a CPU machine with PyPI) writes one git-
 and fails if the bundle plus the tree would exceed the limit. ``scripts/gpu/run.sh`` is what runs
 there; it calls ``env``, ``check-imports`` and ``smoke`` of this tool. See docs/gpu.md.
 
-    python -m sglang_continuum.tools.gpu_bundle build      # then: check
+    python -m sglang_continuum.cli.gpu_bundle build      # then: check
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ SERVING_MODULES = (
     "sglang.srt.mem_cache.pool_host.mha",
     "sglang.srt.layers.quantization.gguf",
     "sglang_continuum.adapter.plugin",
-    "sglang_continuum.bench.cli",
+    "sglang_continuum.cli.bench",
 )
 
 
@@ -354,8 +354,8 @@ def print_contents(bundle: Path, data: dict) -> None:
 
 
 def shell_env() -> str:
-    """Lines for ``eval`` in run.sh: the server environment and flags of tools/server.py."""
-    from sglang_continuum.tools.server import GPU_SHIM_ENV, GPU_SHIM_FLAGS
+    """Lines for ``eval`` in run.sh: the server environment and flags of harness/server.py."""
+    from sglang_continuum.harness.server import GPU_SHIM_ENV, GPU_SHIM_FLAGS
 
     lines = [f"export {k}={shlex.quote(v)}" for k, v in GPU_SHIM_ENV.items()]
     lines.append(f"GPU_SHIM_FLAGS={shlex.quote(shlex.join(GPU_SHIM_FLAGS))}")
@@ -395,7 +395,7 @@ def smoke(url: str, new_tokens: int = 32, wait_s: float = 600.0) -> dict:
     import httpx
 
     from sglang_continuum.client.params import continuum_custom_params
-    from sglang_continuum.tools.server import parse_metrics
+    from sglang_continuum.harness.server import parse_metrics
 
     url = url.rstrip("/")
     deadline = time.monotonic() + wait_s

@@ -1,0 +1,88 @@
+"""The controller's counters, one dataclass per concern; ``core/series.py`` names each field's
+Prometheus series, and ``counter_values`` is how snapshots and the exporter read them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass(slots=True)
+class PinCounters:
+    created: int = 0
+    hits: int = 0  # the next turn was admitted while the pin held its prefix
+    expired: int = 0
+    shed: int = 0  # released early to make room (budget, admission, memory pressure)
+    refused: int = 0  # not created: the budget is held by earlier programs
+    released: int = 0  # last step, abort, retraction, replaced, program forgotten
+    flushed: int = 0  # dropped with the whole tree by a cache reset (/flush_cache)
+
+
+@dataclass(slots=True)
+class HostCounters:
+    offloaded: int = 0  # device pins whose prefix went to a protected host copy
+    offload_failed: int = 0  # no host copy could be made (host pool full of protected copies)
+    host_hits: int = 0  # returning turns that loaded their prefix back from host
+    host_hit_tokens: int = 0  # tokens loaded back instead of recomputed
+    host_expired: int = 0
+    host_released: int = 0  # next turn admitted, last step, abort, budget, flush
+    reloads_started: int = 0  # predictive reloads
+    reloads_used: int = 0  # the returning turn found the reloaded prefix on the device
+    reloads_wasted: int = 0  # evicted again before the turn came, or the program never came back
+
+
+@dataclass(slots=True)
+class AdmissionCounters:
+    held_back: int = 0  # new programs' first turns kept waiting by admission control
+    admission_sheds: int = 0  # pins shed so that a blocked turn could be admitted (any rule)
+    admitted: int = 0  # requests admitted (the clock of the overtaking bound)
+    overdue_admitted: int = 0  # requests that were overdue when admitted
+    bypassed: int = 0  # overdue first turns admitted past admission control
+    bypass_refused: int = 0  # checks that kept an overdue first turn back: the overcommit limit was reached
+
+
+@dataclass(slots=True)
+class ShedCounters:
+    """Pins shed, by the rule that shed them (their sum is ``PinCounters.shed``)."""
+
+    admission: int = 0  # for a blocked turn, pins of programs ranked after it
+    idle: int = 0  # for a blocked turn, any pin: the engine would otherwise idle
+    overdue: int = 0  # for a blocked overdue turn, any pin (ablation overdue_sheds_any_pin only)
+    alloc: int = 0  # an allocation (prefill or decode) would otherwise fail
+    budget: int = 0  # a new pin of an earlier program needed the pin budget
+    while_waiting: int = 0  # ... of which the program's next turn was already waiting (a certain hit lost)
+    returned: int = 0  # programs whose pin was shed came back (the cost model's pin survival)
+
+
+SHED_REASONS = ("admission", "idle", "overdue", "alloc")
+
+
+@dataclass(slots=True)
+class ProgramCounters:
+    last_step: int = 0  # ended by a turn flagged as the last step
+    terminal_tool: int = 0  # ended by a turn that called a terminal tool (a submit)
+    released: int = 0  # ended by the client after the fact (/close_session)
+    forgotten: int = 0  # dropped idle or by the registry bound
+    not_returned: int = 0  # ended while out on a tool call: that tool's return probability falls
+    seen: int = 0  # programs whose first turn seen here made a new entry
+    # Ended here by a last step that carried its step number N: ``affine`` if turns 1..N all
+    # arrived here, ``split`` if some went to another worker (routing did not keep it together).
+    affine: int = 0
+    split: int = 0
+
+
+@dataclass(slots=True)
+class IdentityCounters:
+    """Arriving requests by where their program id came from (``metadata.SOURCES``)."""
+
+    program_id: int = 0  # custom_params.program_id (or job_id)
+    session_id: int = 0  # SGLang's session_id
+    routing_key: int = 0  # SGLang's routing key (X-SMG-Routing-Key)
+    inferred: int = 0  # attributed to a program from its prefix
+    none: int = 0  # no program: served as under FCFS
+
+    def count(self, source: str) -> None:
+        setattr(self, source, getattr(self, source) + 1)
+
+
+def counter_values(counters) -> dict[str, int]:
+    return {f.name: getattr(counters, f.name) for f in fields(counters)}

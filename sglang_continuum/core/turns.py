@@ -1,0 +1,63 @@
+"""What the controller and the adapter exchange about one request or one step: the tag a
+request carries while queued, its admission record, and the plans the controller answers with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from sglang_continuum.core.metadata import ProgramMeta
+from sglang_continuum.core.pins import Pin
+
+
+@dataclass(slots=True)
+class TurnTag:
+    """What the adapter stores on a request when it arrives."""
+
+    meta: ProgramMeta
+    request_rank: int  # arrival order of this request
+    program_rank: int  # arrival order of its program's first turn (== request_rank without a program)
+    arrival: float = 0.0
+    returning_miss: bool = False  # a later turn whose program held no pin when it arrived
+    held_back: bool = False  # admission control kept it waiting at least once
+    turn: int = 1  # its program's turns seen here so far, this one included (1 = first turn)
+    # Bounded waiting. ``queued_at``: when it (re-)entered the queue (a retraction restarts it).
+    # ``overtake_base``: admissions counted when it (re-)entered plus the requests already
+    # waiting then (those go first under FCFS too); admissions beyond that overtook it.
+    queued_at: float = 0.0
+    overtake_base: int = 0
+    bypassed: bool = False  # admitted past admission control because it was overdue
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionRecord:
+    """What happened to one request before it was admitted (the per-request view of bounded
+    waiting: which requests were slow and why)."""
+
+    program_id: Optional[str]
+    turn: int
+    wait_s: float  # from (re-)entering the queue to admission
+    overtaken: int  # requests that arrived after it and were admitted ahead of it (approximate)
+    overdue: bool  # it was overdue when admitted
+    held_back: bool  # admission control held it back at least once
+    bypassed: bool  # admitted past admission control because it was overdue
+    pin_hit: bool  # its program's pin held its prefix
+
+
+@dataclass(slots=True)
+class FinishOutcome:
+    pin: Optional[Pin] = None
+    release: list[Pin] = field(default_factory=list)
+    ttl: Optional[float] = None
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """What one scheduler step must do, in order: release ``expired`` device pins (offloading
+    them when a host tier exists), release ``released`` pins and ``host_expired`` host pins, then
+    start ``reloads``."""
+
+    expired: list[Pin] = field(default_factory=list)
+    released: list[Pin] = field(default_factory=list)  # pins of programs forgotten this step
+    host_expired: list[Pin] = field(default_factory=list)
+    reloads: list[Pin] = field(default_factory=list)

@@ -1,1 +1,0 @@
-"""Tools that sit beside the policy: benchmark, replay, profiler, tiny model builder."""
