@@ -126,6 +126,11 @@ def hicache_flags(flags: Sequence[str], device_pool_tokens: int, kv_bytes_per_to
     tokens is ``--hicache-ratio`` = host bytes / device pool bytes."""
     out = list(flags)
     if "--hicache-size" not in out:
+        if "--hicache-ratio" not in out:
+            # SGLang's default ratio, given explicitly: left unset, SGLang sizes the host pool from
+            # this machine's free memory (after a 10 GiB reserve), which is not the emulated GPU
+            # host's and can refuse to start when other processes hold memory
+            out += ["--hicache-ratio", "2.0"]
         return out
     i = out.index("--hicache-size")
     gb = float(out[i + 1])

@@ -221,4 +221,11 @@ def test_hicache_size_is_translated_to_the_same_host_pool_in_tokens():
     flags = hicache_flags(["--hicache-size", "200", "--hicache-ratio", "2"], 454188, 131072)
     assert flags[:-1] == ["--hicache-ratio"]
     assert float(flags[-1]) * 454188 * 131072 == pytest.approx(200e9)
-    assert hicache_flags(["--chunked-prefill-size", "8192"], 1000, 1) == ["--chunked-prefill-size", "8192"]
+    # no size and no ratio: SGLang's default ratio, explicitly (not sized from this machine's free memory)
+    assert hicache_flags(["--chunked-prefill-size", "8192"], 1000, 1) == [
+        "--chunked-prefill-size",
+        "8192",
+        "--hicache-ratio",
+        "2.0",
+    ]
+    assert hicache_flags(["--hicache-ratio", "3"], 1000, 1) == ["--hicache-ratio", "3"]
