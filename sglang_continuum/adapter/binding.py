@@ -253,6 +253,8 @@ def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
         cache.publish_metrics(scheduler.waiting_queue, force=True)  # the last step's changes reach /metrics
         if cache.admission_log is not None:
             cache.admission_log.flush()
+        if cache.has_queued_turns() and not scheduler.waiting_queue and scheduler.is_fully_idle():
+            cache.forget_unqueued()
         if (
             cache.settings.check_integrity
             and cache.step_clock.read_source() >= next_check

@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Optional
 
 from sglang.srt.environ import envs
 from sglang.srt.managers.schedule_batch import FINISH_ABORT, Req
-from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult
+from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle, CacheRequestOutcome, EvictParams, EvictResult
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 from sglang.srt.server_args import ServerArgs
@@ -64,6 +64,9 @@ class ContinuumRadixCache(UnifiedRadixCache):
         self._may_shed = True  # False while a predictive reload allocates: it must not cost a pin
         # whether a program has a turn in the waiting queue (set by the binding; None: unknown)
         self.program_waiting: Optional[Callable[[str], bool]] = None
+        # program turns in the waiting queue, not admitted, by rid: an abort there reaches the
+        # cache only through finish(ABORT), never through on_release (bounded by the queue)
+        self._queued: dict[str, ProgramMeta] = {}
         super().__init__(params)
         self.settings = settings or ContinuumSettings.load()
         # SGLang builds this class as cache_class(params): the clock comes from the seam
@@ -175,7 +178,31 @@ class ContinuumRadixCache(UnifiedRadixCache):
                 meta = self.inference.attribute(req)
             tag = self.controller.turn_arrived(meta, waiting_ahead=waiting_ahead)
             set_tag(req, tag)
+        if tag.meta.has_program:
+            self._queued[req.rid] = tag.meta  # (again, after a retraction)
         return tag
+
+    def finish(self, handle: CacheRequestHandle, outcome: CacheRequestOutcome) -> None:
+        super().finish(handle, outcome)
+        if outcome is CacheRequestOutcome.ABORT:
+            meta = self._queued.pop(handle.rid, None)
+            if meta is not None:  # aborted while waiting (client gone, queue limit, /abort_request)
+                self.abort_turn(meta)
+
+    def has_queued_turns(self) -> bool:
+        return bool(self._queued)
+
+    def forget_unqueued(self) -> int:
+        """With the scheduler fully idle no turn waits: a turn still listed left the queue by a
+        path that told the cache nothing. End it as aborted, so its program does not stay in flight
+        (and tracked) for ever. Returns how many there were (0 unless SGLang grew such a path)."""
+        stale, self._queued = list(self._queued.values()), {}
+        for meta in stale:
+            logger.warning(
+                "continuum: program %r had a turn that left the queue unseen; ended as aborted", meta.program_id
+            )
+            self.abort_turn(meta)
+        return len(stale)
 
     def on_release(self, req: Req, *, checkpointed: bool) -> None:
         super().on_release(req, checkpointed=checkpointed)
@@ -214,6 +241,7 @@ class ContinuumRadixCache(UnifiedRadixCache):
     # -- called by the binding ----------------------------------------------------------
     def on_admitted(self, req: Req) -> None:
         """``req`` was just admitted into a prefill batch and holds its own lock on its prefix."""
+        self._queued.pop(req.rid, None)
         if getattr(req, ADMITTED_ATTR, False):
             return
         setattr(req, ADMITTED_ATTR, True)

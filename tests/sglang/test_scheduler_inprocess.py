@@ -388,3 +388,38 @@ def test_idle_hooks_still_run_while_sglang_sleeps_on_idle(driver, monkeypatch):
     monkeypatch.setattr(cache.controller, "next_reload_at", lambda: cache.step_clock.read_source() + 5.0)
     assert not driver.step()
     assert len(sleeps) == slept + 1
+
+
+def _idle_timeout_passes(controller, state) -> None:
+    controller.programs.forget_idle(state.last_seen + controller.settings.program_idle_timeout_s + 1.0)
+
+
+def test_a_turn_aborted_while_waiting_leaves_its_program_forgettable(driver):
+    """A turn aborted in the waiting queue (client gone, queue limit, /abort_request) never
+    reaches on_release, only the cache's finish(ABORT): its program must not stay in flight, or
+    the registry (which keeps in-flight programs) would track it for ever."""
+    from sglang.srt.managers.io_struct import AbortReq
+
+    s, controller = driver.s, driver.s.tree_cache.controller
+    rid = driver.submit(tokens(random.Random(11), 40), custom_params=meta("aborted-waiting"))
+    state = controller.programs.get("aborted-waiting")
+    assert rid in {r.rid for r in s.waiting_queue} and state.in_flight == 1
+    s.abort_request(AbortReq(rid=rid))
+    assert rid not in {r.rid for r in s.waiting_queue}
+    assert state.in_flight == 0
+    _idle_timeout_passes(controller, state)
+    assert "aborted-waiting" not in controller.programs
+
+
+def test_a_turn_that_left_the_queue_unseen_is_ended_when_the_scheduler_idles(driver):
+    """The fallback for a path SGLang might grow that tells the cache nothing: once the scheduler
+    is fully idle, a turn still listed as waiting is ended as aborted."""
+    s, controller = driver.s, driver.s.tree_cache.controller
+    rid = driver.submit(tokens(random.Random(12), 40), custom_params=meta("left-unseen"))
+    s.waiting_queue.remove(driver.req(rid))  # gone, and nobody told the cache
+    state = controller.programs.get("left-unseen")
+    assert state.in_flight == 1
+    driver.step()  # nothing to run: the idle hooks
+    assert state.in_flight == 0 and not s.tree_cache.has_queued_turns()
+    _idle_timeout_passes(controller, state)
+    assert "left-unseen" not in controller.programs
