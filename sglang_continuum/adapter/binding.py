@@ -190,6 +190,12 @@ def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
     sleep_on_idle = scheduler.maybe_sleep_on_idle
 
     def _add_request_to_queue(req, is_retracted: bool = False):
+        if not scheduler.waiting_queue and scheduler.running_batch.is_empty():
+            # It reaches an idle scheduler: the step clock was last set before the loop went idle
+            # (with --sleep-on-idle up to a poll ago), so refresh it, or the arrival, and the tool
+            # time it measures, is stamped early. Every rank ingests the same requests in the same
+            # order while equally idle, so the consensus read pairs up across ranks.
+            cache.step_clock.set(now())
         add_request(req, is_retracted=is_retracted)
         if not is_retracted and get_tag(req) is None:
             cache.tag_request(req, waiting_ahead=len(scheduler.waiting_queue) - 1)

@@ -423,3 +423,22 @@ def test_a_turn_that_left_the_queue_unseen_is_ended_when_the_scheduler_idles(dri
     assert state.in_flight == 0 and not s.tree_cache.has_queued_turns()
     _idle_timeout_passes(controller, state)
     assert "left-unseen" not in controller.programs
+
+
+def test_a_turn_reaching_an_idle_scheduler_is_stamped_when_it_arrives(driver):
+    """An idle SGLang loop (asleep in its poll with --sleep-on-idle) takes no step: a turn that
+    arrives then must still read the time it arrived, or its tool time is measured short."""
+    import time
+
+    controller = driver.s.tree_cache.controller
+    rng = random.Random(13)
+    first = tokens(rng, 40)
+    rid = driver.submit(first, custom_params=meta("idle-clock", tool="idleprobe"), max_new_tokens=2)
+    driver.run_until_idle()
+    time.sleep(0.5)  # the loop is idle: no step runs meanwhile
+    driver.submit(
+        first + driver.output_ids(rid) + tokens(rng, 8), custom_params=meta("idle-clock", last=True), max_new_tokens=2
+    )
+    measured = controller.stats.tool("idleprobe").samples()
+    assert measured and measured[-1] >= 0.45, measured
+    driver.run_until_idle()
