@@ -169,6 +169,12 @@ class ClosedLoopDriver:
                     if not self._events:
                         break
                     self.clock.advance(self._events[0][0] - now)  # nothing to do until the next send
+                    # An idle server's loop keeps spinning, so the plugin's step clock is current
+                    # when the request arrives; without this iteration the arrival would be stamped
+                    # with the last busy step's time and every tool time measured as ~one step.
+                    batch, finish = engine.step(self.s)
+                    assert batch is None, "an idle scheduler selected a batch"
+                    finish()
                     idle_with_work = 0.0
                     continue
                 # work is queued but nothing ran (e.g. waiting for memory a pin releases on expiry)

@@ -85,6 +85,21 @@ def test_an_isolated_programs_time_is_its_predicted_steps_plus_its_tool_time(tmp
     assert run["replay"]["programs"][0]["jct"] == pytest.approx(t2["finish"] - t1["send"])
 
 
+def test_a_turn_reaching_an_idle_server_is_stamped_when_it_arrives_not_at_the_last_step(tmp_path):
+    # One program whose tools take 2 s and whose misses cost ~0.1 s: the plugin must measure 2 s
+    # tool times (no pin pays) and no wait. Stamped with the last busy step's time (the emulator
+    # once jumped over idle time without the spinning loop's iterations), each tool time read as
+    # one decode step (~10 ms), the cost model pinned for that, and each turn "waited" 2 s.
+    turns = [Turn(append_tokens=3000, output_tokens=8, tool="bash", tool_duration_s=2.0) for _ in range(5)]
+    turns.append(Turn(append_tokens=100, output_tokens=8))
+    workload = dump_workload([Program(program_id="idle", turns=turns)], tmp_path / "idle.jsonl")
+    run = _emulate(tmp_path, workload, "continuum", pool=40_000)
+    assert [t["queue_time_s"] for t in _turns(run)] == [0.0] * 6
+    assert run["admissions"]["requests"] == 6
+    assert run["admissions"]["max_wait_s"] < 0.05
+    assert _series(run, "sglang:continuum_pins_created_total") == 0
+
+
 @pytest.fixture(scope="module")
 def pressure_workload(tmp_path_factory):
     from sglang_continuum.workloads.generate import generate
@@ -96,8 +111,10 @@ def pressure_workload(tmp_path_factory):
 def test_continuum_runs_are_deterministic_and_return_every_kv_slot(tmp_path, pressure_workload):
     workload, programs = pressure_workload
     pool = int(2.5 * sum(p.context_tokens for p in programs) / len(programs))
-    a = _emulate(tmp_path, workload, "continuum", pool=pool, jps=2.0, seed=1, name="a")
-    b = _emulate(tmp_path, workload, "continuum", pool=pool, jps=2.0, seed=1, name="b")
+    # a fixed TTL, so that pins are made and hit: with these short contexts (misses cost ~0.1 s)
+    # and ~1 s tools the cost model rightly pins nothing
+    a = _emulate(tmp_path, workload, "continuum-fixed", pool=pool, jps=2.0, seed=1, name="a")
+    b = _emulate(tmp_path, workload, "continuum-fixed", pool=pool, jps=2.0, seed=1, name="b")
     assert a["replay"] == b["replay"]
     turns = _turns(a)
     assert len(turns) == sum(len(p.turns) for p in programs)
