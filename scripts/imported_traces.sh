@@ -67,7 +67,7 @@ grids)
     cpu miniswe $W/lmcache-miniswe-cpu.jsonl 0.2
     cpu taubench $W/lmcache-taubench.jsonl 2
     cpu magagent $W/lmcache-magagent-cpu.jsonl 0.3 --programs 60
-    "$PY" scripts/imported_figures.py $R/*-h100 $R/*-cpu --write $R
+    "$PY" -m sglang_continuum.cli.imported_figures $R/*-h100 $R/*-cpu --write $R
     ;;
 *)
     sed -n 2,8p "$0"

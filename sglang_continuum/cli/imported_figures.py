@@ -1,6 +1,6 @@
 """Per-grid figures for docs/results/imported/README.md, from a `continuum-bench --emulate` OUT dir.
 
-    python scripts/imported_figures.py OUT [OUT...] [--write DIR]
+    python -m sglang_continuum.cli.imported_figures OUT [OUT...] [--write DIR]
 
 Reads OUT/report.json and OUT/runs/*.json (the per-run files, which are not committed) and
 prints one markdown table per grid: per policy over seeds, the median and worst mean JCT, mean
@@ -97,7 +97,8 @@ def table(fig: dict) -> str:
     return "\n".join(rows)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     write = None
     if "--write" in argv:
         i = argv.index("--write")
