@@ -129,7 +129,8 @@ def git_rev() -> str:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="continuum-reliability",
-        description=__doc__.splitlines()[0],
+        # the package's docstring describes the suite (this module's, only the driver)
+        description=(sys.modules[__package__].__doc__ or "").split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("--probes", default=",".join(PROBES), help=f"comma-separated subset of {','.join(PROBES)}")
