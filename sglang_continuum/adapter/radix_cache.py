@@ -257,8 +257,9 @@ class ContinuumRadixCache(UnifiedRadixCache):
                 self.admission_log.write(req.rid, self.step_clock(), self.controller.last_admission)
 
     def admit_turn(self, tag: TurnTag, context_tokens: int, *, host_loaded: int = 0, device_prefix: int = 0) -> None:
-        """The turn holds its own lock on its prefix now: consume its program's pin (and host pin)."""
-        self._release([self.controller.turn_admitted(tag, context_tokens)])
+        """The turn holds its own lock on its prefix now: consume its program's pin (and host pin).
+        ``device_prefix`` is SGLang's ``prefix_len``, which by admission counts host-loaded tokens too."""
+        self._release([self.controller.turn_admitted(tag, context_tokens, cached_tokens=device_prefix)])
         if self.host_tier is not None:
             self._release(self.controller.host_returned(tag, host_loaded, device_prefix))
 

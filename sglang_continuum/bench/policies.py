@@ -25,7 +25,8 @@ and ``continuum-no-wait-bound`` (the paper's program-level FCFS: no starvation b
 decomposition of bounded waiting: ``continuum-3s`` (the 3 s bound shipped before, with its three
 consequences), ``-3s-rank-shed``, ``-3s-pinned-first``, ``-3s-no-bypass`` (each consequence off),
 ``continuum-no-bound-no-ac``, ``continuum-order-only-no-bound``, ``continuum-3s-only``,
-``continuum-open-door`` (no limit on overdue first turns passing admission control).
+``continuum-open-door`` (no limit on overdue first turns passing admission control),
+``continuum-return-loss`` (admission control that also reads the thrash signal, ``core/return_loss.py``).
 Any policy with ``+hicache`` adds SGLang's host tier (``--enable-hierarchical-cache``) and is
 compared with ``fcfs+hicache``.
 """
@@ -86,6 +87,8 @@ POLICIES: dict[str, tuple[list[str], dict[str, str]]] = {
     ),
     # the shipped bound with no limit on overdue first turns passing admission control
     "continuum-open-door": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_OVERDUE_ADMISSION_OVERCOMMIT": "0"}),
+    # admission control that also holds new programs while returning ones lose over half their contexts
+    "continuum-return-loss": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_RETURN_LOSS_THRESHOLD": "0.5"}),
     # the new bound's trigger in seconds instead of overtakes (everything else as shipped)
     "continuum-3s-only": (
         ["--schedule-policy", "continuum"],

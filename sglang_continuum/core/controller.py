@@ -19,6 +19,7 @@ import itertools
 import logging
 from typing import Callable, Optional
 
+from sglang_continuum.core.admission_control import AdmissionControl
 from sglang_continuum.core.clock import Clock
 from sglang_continuum.core.counters import (
     SHED_REASONS,
@@ -30,7 +31,7 @@ from sglang_continuum.core.counters import (
     ShedCounters,
     counter_values,
 )
-from sglang_continuum.core.metadata import SOURCE_INFERRED, ProgramMeta
+from sglang_continuum.core.metadata import ProgramMeta
 from sglang_continuum.core.offload import ReloadCost, predicted_return
 from sglang_continuum.core.pins import Pin, PinTable, Tier
 from sglang_continuum.core.priority import priority_key
@@ -84,6 +85,7 @@ class ContinuumController:
         # each tool sample recorded here is also handed to this (a StatsExchange's record)
         self.share_sample: Optional[Callable[[str, str, float], None]] = None
         self.last_admission: Optional[AdmissionRecord] = None  # the latest turn_admitted's record
+        self.admission_control = AdmissionControl(settings, self.programs, self.admission)
 
     def attach_host_tier(self, *, reload: ReloadCost, host_budget_tokens: int, hold_cost: float) -> None:
         """HiCache is on: misses reload instead of recomputing, and host pins may hold
@@ -122,12 +124,17 @@ class ContinuumController:
         tag.queued_at = self.clock()
         tag.overtake_base = self.admission.admitted + max(0, waiting_ahead)
 
-    def turn_admitted(self, tag: TurnTag, context_tokens: int) -> Optional[Pin]:
+    def turn_admitted(self, tag: TurnTag, context_tokens: int, cached_tokens: Optional[int] = None) -> Optional[Pin]:
         """The turn was admitted and holds its own lock on its prefix: consume the program's pin
         (a hit). A returning turn that missed its prefix (no pin when it arrived, or its pin was
-        shed while it waited) contributes its wait (arrival to admission) to T."""
+        shed while it waited) contributes its wait (arrival to admission) to T. ``cached_tokens``
+        (of its prompt, found cached on device or host; None: not known) feeds the return loss."""
         now = self.clock()
         overdue = self.is_overdue(tag, now)
+        pid = tag.meta.program_id if tag.meta.has_program else None
+        state = self.programs.get(pid) if pid is not None else None
+        if cached_tokens is not None and state is not None and state.turns_admitted > 0:
+            self.admission_control.observe_return(state.context_tokens, context_tokens, cached_tokens)
         self.last_admission = AdmissionRecord(
             tag.meta.program_id,
             tag.turn,
@@ -136,13 +143,14 @@ class ContinuumController:
             overdue,
             tag.held_back,
             tag.bypassed,
-            tag.meta.program_id is not None and tag.meta.program_id in self.pins,
+            pid is not None and pid in self.pins,
+            cached_tokens,
+            self.admission_control.return_loss.ratio,
         )
         self.admission.admitted += 1
         self.admission.overdue_admitted += overdue
-        if not tag.meta.has_program:
+        if pid is None:
             return None
-        pid = tag.meta.program_id
         state = self.programs.turn_admitted(pid, now, context_tokens)
         lost = state is not None and state.pin_lost_waiting
         if lost:
@@ -306,6 +314,7 @@ class ContinuumController:
         self.counters.flushed += len(self.pins.clear())
         self.host_counters.host_released += len(self.host_pins.clear())
         self._reload_heap.clear()
+        self.admission_control.return_loss.reset()  # the flush, not the load, took those contexts
         for pid in list(self._reloading):
             self._settle_reload(pid, used=False)
 
@@ -353,33 +362,10 @@ class ContinuumController:
         return tag.queued_at + limit if limit > 0 else None
 
     def holds_back(self, tag: TurnTag, request_tokens: int, capacity_tokens: int, now: float) -> bool:
-        """Program-level admission control: a new program's first turn waits while the pool
-        cannot hold the working sets of the programs already in flight plus this request. An
-        overdue one passes, up to ``overdue_admission_overcommit`` pools of working sets. The
-        adapter never calls this when holding back would idle the engine."""
-        if not self.settings.admission_control or not tag.meta.has_program:
-            return False
-        if tag.meta.source == SOURCE_INFERRED:
-            return False  # a continuation found by prefix: its context is already the pool's business
-        state = self.programs.get(tag.meta.program_id)
-        if state is None or state.turns_admitted > 0 or self.programs.working_programs == 0:
-            return False
-        room = capacity_tokens * self.settings.admission_working_set_fraction
-        demand = self.programs.working_set_tokens + request_tokens
-        if demand <= room:
-            return False
-        if self.is_overdue(tag, now):  # bounded waiting, within the overcommit limit
-            limit = self.settings.overdue_admission_overcommit
-            if limit <= 0 or demand <= room * limit:
-                if not tag.bypassed:
-                    tag.bypassed = True
-                    self.admission.bypassed += 1
-                return False
-            self.admission.bypass_refused += 1
-        if not tag.held_back:
-            tag.held_back = True
-            self.admission.held_back += 1
-        return True
+        """Program-level admission control (``core/admission_control.py``) for a waiting turn."""
+        return self.admission_control.holds_back(
+            tag, request_tokens, capacity_tokens, lambda: self.is_overdue(tag, now)
+        )
 
     # -- host tier -----------------------------------------------------------------------
     def offload(self, pin: Pin) -> FinishOutcome:
@@ -490,6 +476,7 @@ class ContinuumController:
         self.host_pins.check_integrity()
         self.programs.check_integrity()
         self.stats.check_integrity()
+        self.admission_control.check_integrity()
         for pin in self.pins:
             assert pin.tier is Tier.DEVICE, "host pin in the device table"
             assert pin.program_id in self.programs, f"pin outlives its program {pin.program_id}"

@@ -33,6 +33,7 @@ class HostCounters:
 @dataclass(slots=True)
 class AdmissionCounters:
     held_back: int = 0  # new programs' first turns kept waiting by admission control
+    held_back_thrashing: int = 0  # of those, held only because returning programs were losing their contexts
     admission_sheds: int = 0  # pins shed so that a blocked turn could be admitted (any rule)
     admitted: int = 0  # requests admitted (the clock of the overtaking bound)
     overdue_admitted: int = 0  # requests that were overdue when admitted

@@ -49,6 +49,12 @@ SERIES: tuple[Series, ...] = (
         "Waiting first turns of new programs that admission control is holding back.",
     ),
     Series(
+        "return_loss_ratio",
+        "gauge",
+        "gauge.return_loss_ratio",
+        "Share of returning programs' previous contexts found gone (last return_loss_window turns): the thrash signal.",
+    ),
+    Series(
         "oldest_wait_seconds", "gauge", "gauge.oldest_wait_seconds", "How long the oldest waiting request has waited."
     ),
     # pin counters
@@ -70,6 +76,12 @@ SERIES: tuple[Series, ...] = (
         "counter",
         "admission.held_back",
         "New programs' first turns admission control kept waiting (once per request).",
+    ),
+    Series(
+        "held_back_thrashing_requests",
+        "counter",
+        "admission.held_back_thrashing",
+        "Of those, first turns held only because returning programs were losing their contexts (return loss).",
     ),
     Series(
         "admission_sheds",

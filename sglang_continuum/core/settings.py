@@ -98,6 +98,16 @@ class ContinuumSettings(BaseModel):
     working_set_window_s: float = Field(
         30.0, gt=0, description="a program unseen this long (out on a tool) leaves the working set"
     )
+    return_loss_threshold: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="thrash signal: while returning turns find more than this share of their previous context "
+        "gone (over the last return_loss_window of them), new programs wait even if the current working sets fit "
+        "the pool (contexts grow); 0 = off (the default: on the CPU thrash run it came too late to help, "
+        "docs/results/thrash-cpu/)",
+    )
+    return_loss_window: int = Field(32, ge=8, description="returning turns the return loss is measured over")
 
     # host tier (--enable-hierarchical-cache)
     offload_to_host: bool = Field(

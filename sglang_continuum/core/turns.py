@@ -42,6 +42,8 @@ class AdmissionRecord:
     held_back: bool  # admission control held it back at least once
     bypassed: bool  # admitted past admission control because it was overdue
     pin_hit: bool  # its program's pin held its prefix
+    cached_tokens: Optional[int] = None  # of its prompt, found cached at admission (None: not known)
+    return_loss: float = 0.0  # the thrash signal after it (``core/return_loss.py``)
 
 
 @dataclass(slots=True)

@@ -449,3 +449,31 @@ def test_a_turn_reaching_an_idle_scheduler_is_stamped_when_it_arrives(driver):
     measured = controller.stats.tool("idleprobe").samples()
     assert measured and measured[-1] >= 0.45, measured
     driver.run_until_idle()
+
+
+def test_returning_turns_feed_the_return_loss_with_the_prefix_the_real_cache_found(driver):
+    """The thrash signal reads SGLang's own prefix match at admission: a pinned program comes back
+    to its whole context, an unpinned one whose KV the pool gave to others loses it."""
+    rng = random.Random(21)
+    drain_pins(driver)
+    cache = driver.s.tree_cache
+    meter = cache.controller.admission_control.return_loss
+    contexts = {}
+    for pid, tool in (("rl-hit", "fast"), ("rl-miss", "slow")):  # fast: pinned; slow: never pinned
+        contexts[pid] = tokens(rng, 200)
+        rid = driver.submit(contexts[pid], max_new_tokens=4, custom_params=meta(pid, tool))
+        driver.run_until_idle()
+        contexts[pid] += driver.output_ids(rid)
+    for _ in range(3):  # fillers with no program id take the whole pool: the unpinned context goes
+        driver.submit(tokens(rng, POOL // 3), max_new_tokens=4)
+    driver.run_until_idle()
+    seen = meter.observed
+    found = {}
+    for pid in ("rl-hit", "rl-miss"):
+        driver.submit(contexts[pid] + tokens(rng, 20), max_new_tokens=4, custom_params=meta(pid, last=True))
+        driver.run_until_idle()
+        found[pid] = cache.controller.last_admission.cached_tokens
+    assert meter.observed == seen + 2
+    assert found["rl-hit"] >= len(contexts["rl-hit"]) - 1  # its pin kept it (SGLang may not cache the last token)
+    assert found["rl-miss"] < len(contexts["rl-miss"]) // 2  # gone: a loss the meter counted
+    meter.check_integrity()

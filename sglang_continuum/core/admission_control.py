@@ -1,0 +1,73 @@
+"""Program-level admission control: when a new program's first turn may start.
+
+A first turn waits while the pool cannot hold the working sets of the programs already in flight
+(``ProgramRegistry``'s current contexts) plus its prompt, or while returning programs are losing
+their contexts (``ReturnLossMeter``: the pool thrashes although today's contexts fit, because they
+grow). Bounded waiting still applies: an overdue first turn passes, up to
+``overdue_admission_overcommit`` pools of working sets. Later turns, continuations found by
+prefix and requests without a program id are never held; the adapter never asks when holding
+back would idle the engine.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from sglang_continuum.core.counters import AdmissionCounters
+from sglang_continuum.core.metadata import SOURCE_INFERRED
+from sglang_continuum.core.programs import ProgramRegistry
+from sglang_continuum.core.return_loss import ReturnLossMeter
+from sglang_continuum.core.settings import ContinuumSettings
+from sglang_continuum.core.turns import TurnTag
+
+
+class AdmissionControl:
+    def __init__(self, settings: ContinuumSettings, programs: ProgramRegistry, counters: AdmissionCounters) -> None:
+        self.settings = settings
+        self.programs = programs
+        self.counters = counters
+        # measured even when the threshold is 0 (off): the ratio is exported either way
+        self.return_loss = ReturnLossMeter(
+            window=settings.return_loss_window, threshold=settings.return_loss_threshold or 1.0
+        )
+
+    @property
+    def thrashing(self) -> bool:
+        """Returning programs lose more than ``return_loss_threshold`` of their contexts: the
+        working sets in flight do not fit the pool, whatever their current sizes add up to."""
+        return self.settings.return_loss_threshold > 0 and self.return_loss.thrashing
+
+    def observe_return(self, previous_tokens: int, context_tokens: int, cached_tokens: int) -> None:
+        """A returning turn was admitted with ``cached_tokens`` of its ``context_tokens`` prompt
+        cached; its program had ``previous_tokens`` when its last turn finished (only what this
+        prompt still extends counts: a client that cut its history lost nothing to the pool)."""
+        self.return_loss.observe(min(previous_tokens, context_tokens), cached_tokens)
+
+    def holds_back(self, tag: TurnTag, request_tokens: int, capacity_tokens: int, overdue: Callable[[], bool]) -> bool:
+        if not self.settings.admission_control or not tag.meta.has_program:
+            return False
+        if tag.meta.source == SOURCE_INFERRED:
+            return False  # a continuation found by prefix: its context is already the pool's business
+        state = self.programs.get(tag.meta.program_id)
+        if state is None or state.turns_admitted > 0 or self.programs.working_programs == 0:
+            return False
+        room = capacity_tokens * self.settings.admission_working_set_fraction
+        demand = self.programs.working_set_tokens + request_tokens
+        if demand <= room and not self.thrashing:
+            return False
+        if overdue():  # bounded waiting, within the overcommit limit
+            limit = self.settings.overdue_admission_overcommit
+            if limit <= 0 or demand <= room * limit:
+                if not tag.bypassed:
+                    tag.bypassed = True
+                    self.counters.bypassed += 1
+                return False
+            self.counters.bypass_refused += 1
+        if not tag.held_back:
+            tag.held_back = True
+            self.counters.held_back += 1
+            self.counters.held_back_thrashing += demand <= room
+        return True
+
+    def check_integrity(self) -> None:
+        self.return_loss.check_integrity()

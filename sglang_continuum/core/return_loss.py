@@ -1,0 +1,67 @@
+"""Return loss: how much of their context returning programs find gone, the thrash signal.
+
+Program-level admission control sizes the programs in flight by their *current* contexts; an agent's
+context grows turn after turn (on the CPU workloads 500 tokens at the first turn, 4,000 at the last),
+so a pool that holds today's working sets may not hold tomorrow's, and the server slides into the
+re-prefill spiral with admission control satisfied. The fix is the one operating systems use for the
+same problem (Denning's page-fault frequency): watch the faults. A returning turn whose previous
+context was ``previous`` tokens and that found ``cached`` of them still in the cache lost
+``previous - cached``; over the last ``window`` returning turns, the lost share of their previous
+contexts is the return loss. While it is above ``threshold`` the pool is thrashing and new programs
+wait (``ContinuumController.holds_back``); it falls again as the programs in flight come back to
+hits or finish.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+
+class ReturnLossMeter:
+    def __init__(self, *, window: int = 32, threshold: float = 0.5, min_samples: int = 8) -> None:
+        if window < 1 or not 1 <= min_samples <= window:
+            raise ValueError("need window >= 1 and 1 <= min_samples <= window")
+        if not 0.0 < threshold <= 1.0:
+            raise ValueError("threshold must be in (0, 1]")
+        self.window = window
+        self.threshold = threshold
+        self.min_samples = min_samples
+        self._samples: deque[tuple[int, int]] = deque()  # (previous context, lost tokens), oldest first
+        self._previous = 0
+        self._lost = 0
+        self.observed = 0  # returning turns seen, ever
+
+    def observe(self, previous_tokens: int, cached_tokens: int) -> None:
+        """A returning turn was admitted: its program's context was ``previous_tokens`` when its last
+        turn finished, and ``cached_tokens`` of its prompt were found cached (device or host)."""
+        if previous_tokens <= 0:
+            return
+        lost = max(0, previous_tokens - max(0, cached_tokens))
+        self._samples.append((previous_tokens, lost))
+        self._previous += previous_tokens
+        self._lost += lost
+        if len(self._samples) > self.window:
+            old_previous, old_lost = self._samples.popleft()
+            self._previous -= old_previous
+            self._lost -= old_lost
+        self.observed += 1
+
+    @property
+    def ratio(self) -> float:
+        """The lost share of returning programs' previous contexts over the window (0 when empty)."""
+        return self._lost / self._previous if self._previous else 0.0
+
+    @property
+    def thrashing(self) -> bool:
+        return len(self._samples) >= self.min_samples and self.ratio > self.threshold
+
+    def reset(self) -> None:
+        """The cache was flushed: the losses it causes say nothing about the pool's load."""
+        self._samples.clear()
+        self._previous = self._lost = 0
+
+    def check_integrity(self) -> None:
+        assert len(self._samples) <= self.window, "return-loss window overflow"
+        assert self._previous == sum(p for p, _ in self._samples), "return-loss previous-token sum"
+        assert self._lost == sum(lost for _, lost in self._samples), "return-loss lost-token sum"
+        assert 0 <= self._lost <= self._previous, "return loss outside [0, previous]"

@@ -1,0 +1,101 @@
+"""Program-level admission control (core/admission_control.py): the thrash signal (core/return_loss.py)."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sglang_continuum.core.clock import ManualClock
+from sglang_continuum.core.controller import ContinuumController
+from sglang_continuum.core.metadata import ProgramMeta
+from sglang_continuum.core.return_loss import ReturnLossMeter
+from sglang_continuum.core.settings import ContinuumSettings
+
+
+def test_ratio_is_the_lost_share_of_previous_contexts_over_the_window():
+    m = ReturnLossMeter(window=8, threshold=0.5, min_samples=2)
+    m.observe(1000, 1000)  # everything still cached
+    assert m.ratio == 0.0 and not m.thrashing
+    m.observe(1000, 0)  # all of it re-prefilled
+    assert m.ratio == 0.5 and not m.thrashing  # not above the threshold
+    m.observe(2000, 200)  # 1800 lost
+    assert m.ratio == pytest.approx(2800 / 4000) and m.thrashing
+    for _ in range(8):  # the window slides: eight full hits push the losses out
+        m.observe(1000, 1500)  # a longer cached prompt than the previous context loses nothing
+    assert m.ratio == 0.0 and not m.thrashing
+    m.check_integrity()
+
+
+def test_too_few_returns_are_no_signal_and_a_flush_forgets_them():
+    m = ReturnLossMeter(window=32, threshold=0.5, min_samples=8)
+    for _ in range(7):
+        m.observe(500, 0)
+    assert m.ratio == 1.0 and not m.thrashing
+    m.observe(500, 0)
+    assert m.thrashing
+    m.reset()
+    assert m.ratio == 0.0 and not m.thrashing
+    m.observe(0, 0)  # a program with no previous context is no sample
+    assert m.observed == 8
+
+
+@given(st.lists(st.tuples(st.integers(0, 10_000), st.integers(-5, 12_000)), max_size=200), st.integers(8, 40))
+def test_window_sums_stay_exact(samples, window):
+    m = ReturnLossMeter(window=window)
+    for previous, cached in samples:
+        m.observe(previous, cached)
+        m.check_integrity()
+        assert 0.0 <= m.ratio <= 1.0
+
+
+def make(**kw):
+    clock = ManualClock()
+    return ContinuumController(ContinuumSettings(ttl_model="fixed", **kw), clock=clock, budget_tokens=10_000), clock
+
+
+def meta(pid):
+    return ProgramMeta(pid, tool_name="bash")
+
+
+def thrash(c, programs=("a", "b"), turns=4):
+    """Programs in flight come back and find their contexts gone (nothing cached)."""
+    for pid in programs:
+        c.turn_admitted(c.turn_arrived(meta(pid)), 100, cached_tokens=0)
+        c.turn_finished(meta(pid), context_tokens=100)
+    for _ in range(turns):
+        for pid in programs:
+            c.turn_admitted(c.turn_arrived(meta(pid)), 200, cached_tokens=0)
+            c.turn_finished(meta(pid), context_tokens=200)
+
+
+def test_a_thrashing_pool_holds_new_programs_although_current_working_sets_fit():
+    c, clock = make(return_loss_threshold=0.5, max_overtakes=0)
+    thrash(c)
+    assert c.admission_control.thrashing
+    newcomer = c.turn_arrived(meta("new"))
+    assert c.holds_back(newcomer, 100, 10_000, clock())  # 500 tokens in flight in a 10k pool: held all the same
+    assert c.admission.held_back == 1 and c.admission.held_back_thrashing == 1
+    c.check_integrity()
+
+
+def test_the_signal_is_off_by_default_and_returns_that_hit_clear_it():
+    c, clock = make(max_overtakes=0)
+    thrash(c)
+    assert not c.holds_back(c.turn_arrived(meta("new")), 100, 10_000, clock())  # measured, not acted on
+    assert c.admission_control.return_loss.ratio > 0.5
+    c, clock = make(return_loss_threshold=0.5, max_overtakes=0)
+    thrash(c)
+    for _ in range(16):  # the programs come back to full hits
+        for pid in ("a", "b"):
+            c.turn_admitted(c.turn_arrived(meta(pid)), 200, cached_tokens=200)
+            c.turn_finished(meta(pid), context_tokens=200)
+    assert not c.admission_control.thrashing
+    assert not c.holds_back(c.turn_arrived(meta("new")), 100, 10_000, clock())
+
+
+def test_an_overdue_newcomer_still_passes_a_thrashing_pool_within_the_overcommit_limit():
+    c, clock = make(return_loss_threshold=0.5, max_overtakes=1)
+    thrash(c)
+    newcomer = c.turn_arrived(meta("new"))
+    assert c.holds_back(newcomer, 100, 10_000, clock())
+    c.turn_admitted(c.turn_arrived(meta("a")), 200, cached_tokens=200)  # a later arrival overtakes it
+    assert not c.holds_back(newcomer, 100, 10_000, clock()) and newcomer.bypassed
