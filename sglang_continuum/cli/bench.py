@@ -246,6 +246,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                     replayer.url = server.url
                     result = _run(replayer, programs, jps, desc, total_turns, client_cpus)
                     server_cores = tree_cores(server.proc.pid)
+                    # everything is read (metrics scraped; the admission log is flushed when the
+                    # server goes idle, right after its last step): skip SGLang's graceful exit,
+                    # ~5 s of its watchdog poll per run
+                    time.sleep(0.5)
+                    server.stop(graceful=False)
         summary = summarize(result)
         if workers is not None:
             summary |= fleet_summary(workers)

@@ -136,14 +136,17 @@ class SGLangServer:
                     return self
             except httpx.HTTPError:
                 pass
-            time.sleep(1.0)
+            time.sleep(0.25)
         self.stop()
         raise TimeoutError(f"server not healthy after {self.startup_timeout_s}s; see {log_path}")
 
-    def stop(self) -> Optional[int]:
+    def stop(self, graceful: bool = True) -> Optional[int]:
+        """Take the server down: SIGTERM first (SGLang drains and the plugin saves its statistics;
+        SGLang notices within its 5 s watchdog poll), then SIGKILL. ``graceful=False`` kills at
+        once: for a server whose results were already read and that keeps no state."""
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
+        if graceful and self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
                 self.proc.wait(timeout=20)
