@@ -1,9 +1,9 @@
 """Program-level admission control: when a new program's first turn may start.
 
 A first turn waits while the pool cannot hold the working sets of the programs already in flight
-(``ProgramRegistry``'s current contexts) plus its prompt, or while returning programs are losing
-their contexts (``ReturnLossMeter``: the pool thrashes although today's contexts fit, because they
-grow). Bounded waiting still applies: an overdue first turn passes, up to
+(``ProgramRegistry``'s current contexts) plus its prompt, or, with ``return_loss_threshold`` set
+(off by default), while returning programs are losing their contexts (``ReturnLossMeter``: the pool
+thrashes although today's contexts fit, because they grow). Bounded waiting still applies: an overdue first turn passes, up to
 ``overdue_admission_overcommit`` pools of working sets. Later turns, continuations found by
 prefix and requests without a program id are never held; the adapter never asks when holding
 back would idle the engine.

@@ -3,13 +3,14 @@
 Program-level admission control sizes the programs in flight by their *current* contexts; an agent's
 context grows turn after turn (on the CPU workloads 500 tokens at the first turn, 4,000 at the last),
 so a pool that holds today's working sets may not hold tomorrow's, and the server slides into the
-re-prefill spiral with admission control satisfied. The fix is the one operating systems use for the
-same problem (Denning's page-fault frequency): watch the faults. A returning turn whose previous
+re-prefill spiral with admission control satisfied. This is the signal operating systems watch for
+the same problem (Denning's page-fault frequency): the faults. A returning turn whose previous
 context was ``previous`` tokens and that found ``cached`` of them still in the cache lost
 ``previous - cached``; over the last ``window`` returning turns, the lost share of their previous
-contexts is the return loss. While it is above ``threshold`` the pool is thrashing and new programs
-wait (``ContinuumController.holds_back``); it falls again as the programs in flight come back to
-hits or finish.
+contexts is the return loss. Above ``threshold`` the pool is thrashing; with
+``return_loss_threshold`` set, admission control then holds new programs (``admission_control.py``;
+off by default: on the CPU thrash run the signal rose only after the first wave was in,
+``docs/results/thrash-cpu/``). It falls again as the programs in flight come back to hits or finish.
 """
 
 from __future__ import annotations
