@@ -2,6 +2,7 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL = ROOT / ".models" / "tiny-llama"
@@ -22,6 +23,12 @@ STRICT_CHECKS = {
 }
 for name, value in STRICT_CHECKS.items():
     os.environ.setdefault(name, value)
+
+# Property tests replay the same examples on every run (a draw that fails in CI fails here too,
+# and a green run stays green); HYPOTHESIS_PROFILE=explore draws fresh examples to hunt for cases.
+hypothesis_settings.register_profile("replay", derandomize=True)
+hypothesis_settings.register_profile("explore", derandomize=False)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "replay"))
 
 
 @pytest.fixture(scope="session")
