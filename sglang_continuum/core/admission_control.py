@@ -27,15 +27,13 @@ class AdmissionControl:
         self.programs = programs
         self.counters = counters
         # measured even when the threshold is 0 (off): the ratio is exported either way
-        self.return_loss = ReturnLossMeter(
-            window=settings.return_loss_window, threshold=settings.return_loss_threshold or 1.0
-        )
+        self.return_loss = ReturnLossMeter(window=settings.return_loss_window, threshold=settings.return_loss_threshold)
 
     @property
     def thrashing(self) -> bool:
         """Returning programs lose more than ``return_loss_threshold`` of their contexts: the
         working sets in flight do not fit the pool, whatever their current sizes add up to."""
-        return self.settings.return_loss_threshold > 0 and self.return_loss.thrashing
+        return self.return_loss.thrashing
 
     def observe_return(self, previous_tokens: int, context_tokens: int, cached_tokens: int) -> None:
         """A returning turn was admitted with ``cached_tokens`` of its ``context_tokens`` prompt

@@ -22,8 +22,8 @@ class ReturnLossMeter:
     def __init__(self, *, window: int = 32, threshold: float = 0.5, min_samples: int = 8) -> None:
         if window < 1 or not 1 <= min_samples <= window:
             raise ValueError("need window >= 1 and 1 <= min_samples <= window")
-        if not 0.0 < threshold <= 1.0:
-            raise ValueError("threshold must be in (0, 1]")
+        if not 0.0 <= threshold <= 1.0:
+            raise ValueError("threshold must be in [0, 1] (0: measure only, never thrashing)")
         self.window = window
         self.threshold = threshold
         self.min_samples = min_samples
@@ -54,7 +54,7 @@ class ReturnLossMeter:
 
     @property
     def thrashing(self) -> bool:
-        return len(self._samples) >= self.min_samples and self.ratio > self.threshold
+        return self.threshold > 0 and len(self._samples) >= self.min_samples and self.ratio > self.threshold
 
     def reset(self) -> None:
         """The cache was flushed: the losses it causes say nothing about the pool's load."""
