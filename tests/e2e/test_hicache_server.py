@@ -63,7 +63,15 @@ def test_three_turn_program_gets_its_prefix_back_from_host(tiny_model, tmp_path)
             for _ in range(4):  # other programs push the prefix off the device
                 generate(client, ids(600), 2)
             context = context + out["output_ids"] + ids(30)
-        metrics = parse_metrics(client.get("/metrics").text)
+        # /metrics is current once the engine rests (series refresh at most every
+        # METRICS_INTERVAL_S while serving, and at every idle iteration): a scrape right after
+        # the last response can precede that; the last step's release is the sign it happened
+        deadline = time.monotonic() + 10
+        while True:
+            metrics = parse_metrics(client.get("/metrics").text)
+            if metrics.get("sglang:continuum_host_pinned_programs") == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
     # turns 2 and 3 found their previous context on host (the last output token has no KV yet)
     assert all(d.get("host", 0) >= 500 for d in host_cached), host_cached
     assert metrics["sglang:continuum_offloads_total"] == 2
