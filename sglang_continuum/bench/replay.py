@@ -269,7 +269,7 @@ class Replayer:
             await asyncio.gather(*(self._program(client, p, r) for p, r in zip(programs, records)))
             wall = self._now()
             scraper.cancel()  # marks past the end of the run are not scraped
-            after = [await _metrics(client, u) for u in urls]
+            after = await _rested_metrics(client, urls)
         per_worker = list(zip(urls, before, after)) if self.metrics_urls else []
         return ReplayResult(records, wall, "\n".join(before), "\n".join(after), per_worker, marks)
 
@@ -285,6 +285,31 @@ async def _metrics(client: httpx.AsyncClient, url: str) -> str:
         return r.text if r.status_code == 200 else ""
     except httpx.HTTPError:
         return ""
+
+
+# The plugin refreshes its series at most every 0.5 s while serving and at every idle iteration,
+# so a scrape right after the last response can precede the last program's counters; counters
+# that agree over a longer gap than that are current.
+REST_S = 0.6
+REST_DEADLINE_S = 15.0
+
+
+def _counters(texts: list[str]) -> list[list[str]]:
+    return [[ln for ln in t.splitlines() if ln.startswith("sglang:continuum_") and "_total" in ln] for t in texts]
+
+
+async def _rested_metrics(client: httpx.AsyncClient, urls: list[str]) -> list[str]:
+    """Every server's /metrics once the plugin's counters have stopped moving (or the deadline)."""
+    texts = [await _metrics(client, u) for u in urls]
+    deadline = time.monotonic() + REST_DEADLINE_S
+    while time.monotonic() < deadline:
+        await asyncio.sleep(REST_S)
+        again = [await _metrics(client, u) for u in urls]
+        settled = _counters(again) == _counters(texts)
+        texts = again
+        if settled:
+            break
+    return texts
 
 
 def replay(url: str, programs: list[Program], *, jps: float, **kw) -> ReplayResult:

@@ -60,13 +60,17 @@ def test_consistent_hashing_keeps_programs_on_one_worker_and_pins_hit_on_both(fl
     assert shared(), [scrape(u) for u in fleet.worker_urls]
 
 
-def test_round_robin_splits_programs_and_the_workers_count_it(fleet, tiny_model):
+def test_round_robin_splits_programs_and_the_workers_count_it(fleet):
+    # one program at a time, so nothing interleaves: its turns 1, 2, 3 go to workers A, B, A and
+    # the worker that serves the last step saw only two of the three turns
     with SmgRouter(fleet.worker_urls, "round_robin") as router:
-        replayer = Replayer(router.url, seed=4, metrics_urls=fleet.worker_urls)
-        result = asyncio.run(replayer.run(tiny_workload(n=4, turns=3), 4.0))
-    assert all(p.ok for p in result.programs)
-    summary = fleet_summary(worker_table(result.worker_metrics))
-    assert summary["program_affinity"] < 1.0  # 3 turns alternating over 2 workers cannot all stay
+        for program in tiny_workload(n=3, turns=3):
+            replayer = Replayer(router.url, seed=4, metrics_urls=fleet.worker_urls)
+            result = asyncio.run(replayer.run([program], 4.0))
+            assert all(p.ok for p in result.programs)
+            rows = worker_table(result.worker_metrics)
+            assert sum(r["programs_split"] for r in rows) == 1 and sum(r["programs_affine"] for r in rows) == 0, rows
+            assert all(r["requests"] > 0 for r in rows), rows  # both workers served it
 
 
 def test_a_killed_worker_does_not_stall_the_other(fleet):
