@@ -17,6 +17,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -160,7 +161,10 @@ class Fleet:
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be >= 1")
-        self.stats_endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(workers)] if share_stats else []
+        # Unix sockets, not TCP ports: a port free_port() found free can be taken by a worker's own
+        # side ports in the seconds before the scheduler binds it (seen: "Address already in use")
+        self._stats_dir = tempfile.mkdtemp(prefix="continuum-stats-") if share_stats else None
+        self.stats_endpoints = [f"ipc://{self._stats_dir}/worker{i}" for i in range(workers)] if share_stats else []
         self.workers = []
         for i in range(workers):
             worker_env = dict(env or {})
@@ -202,6 +206,8 @@ class Fleet:
             self.router.stop()
         for w in self.workers:
             w.stop()
+        if self._stats_dir is not None:
+            shutil.rmtree(self._stats_dir, ignore_errors=True)
 
     def __enter__(self) -> "Fleet":
         return self.start()
