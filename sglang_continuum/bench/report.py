@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +35,31 @@ PIN_SERIES = {
     "reloads_used": series_name("host.reloads_used"),
     "reloads_wasted": series_name("host.reloads_wasted"),
 }
+
+
+# SGLang's own account of its scheduler loop's wall time by stage (--enable-metrics)
+STAGE_SERIES = "sglang:scheduler_stage_seconds_total"
+_CATEGORY = re.compile(r'category="([^"]+)"')
+
+
+def scheduler_stage_seconds(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(STAGE_SERIES) and (m := _CATEGORY.search(line)):
+            out[m[1]] = out.get(m[1], 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def server_time(metrics_before: str, metrics_after: str) -> dict:
+    """Where the server's scheduler spent the run: its forwards (``run_batch``), the rest of its
+    busy loop (receiving, batching, processing results) and idle. SGLang adds to these series
+    at intervals, so the split is approximate at the run's two ends. Empty without the series."""
+    before, after = scheduler_stage_seconds(metrics_before), scheduler_stage_seconds(metrics_after)
+    if not after:
+        return {}
+    spent = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    forward, idle = spent.get("run_batch", 0.0), spent.get("idle", 0.0)
+    return {"server_forward_s": forward, "server_loop_s": sum(spent.values()) - forward - idle, "server_idle_s": idle}
 
 
 def summarize(result: ReplayResult) -> dict:
@@ -78,6 +104,7 @@ def summarize(result: ReplayResult) -> dict:
         "programs_in_system": float(jcts.sum()) / result.wall_s if result.wall_s and jcts.size else 0.0,
         **{k: after.get(v, 0.0) - before.get(v, 0.0) for k, v in PIN_SERIES.items()},
         **counters_at(result.metrics_at, before),
+        **server_time(result.metrics_before, result.metrics_after),
     }
 
 

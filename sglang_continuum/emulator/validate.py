@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 QUANTILES = (50, 90, 99)
+TOLERANCE = 0.15  # issue 24's target: each policy's median mean JCT within 15% of the real server's
 
 
 def _by_policy(report: dict) -> dict[str, list[dict]]:
@@ -53,24 +54,36 @@ def compare(real: dict, emulated: dict) -> dict:
                 },
                 "runs": len(runs),
             }
+            forward = [x["summary"].get("server_forward_s") for x in runs]
+            if all(f is not None for f in forward):  # reports made before the field have none
+                row[side]["median_forward_s"] = float(np.median(forward))
         row["emulated_over_real"] = row["emulated"]["median_mean_jct_s"] / row["real"]["median_mean_jct_s"]
+        row["within_tolerance"] = abs(row["emulated_over_real"] - 1) <= TOLERANCE
         rows.append(row)
     rank = lambda side: [x["policy"] for x in sorted(rows, key=lambda x: x[side]["median_mean_jct_s"])]  # noqa: E731
-    return {"rows": rows, "ranking_real": rank("real"), "ranking_emulated": rank("emulated")}
+    return {
+        "rows": rows,
+        "ranking_real": rank("real"),
+        "ranking_emulated": rank("emulated"),
+        "all_within_tolerance": all(row["within_tolerance"] for row in rows),
+    }
 
 
 def markdown(result: dict, real_path: str, emulated_path: str) -> str:
     lines = [
         "| policy | real median mean JCT s | emulated | emulated / real | real cache hit | emulated | "
+        "forward s real | emulated | "
         "turn TTFT P50/P90/P99 s real | emulated | turn latency P50/P90 s real | emulated |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     q = lambda d: "/".join(f"{d[k]:.2f}" for k in QUANTILES)  # noqa: E731
+    f = lambda d: f"{d['median_forward_s']:.1f}" if "median_forward_s" in d else "-"  # noqa: E731
     for row in result["rows"]:
         re_, em = row["real"], row["emulated"]
         lines.append(
             f"| {row['policy']} | {re_['median_mean_jct_s']:.2f} | {em['median_mean_jct_s']:.2f} | "
             f"{row['emulated_over_real']:.2f} | {re_['median_cache_hit']:.1%} | {em['median_cache_hit']:.1%} | "
+            f"{f(re_)} | {f(em)} | "
             f"{q(re_['ttft_s'])} | {q(em['ttft_s'])} | "
             f"{re_['turn_latency_s'][50]:.2f}/{re_['turn_latency_s'][90]:.2f} | "
             f"{em['turn_latency_s'][50]:.2f}/{em['turn_latency_s'][90]:.2f} |"
@@ -83,6 +96,8 @@ def markdown(result: dict, real_path: str, emulated_path: str) -> str:
             "",
             f"Ranking by median mean JCT, real: {', '.join(result['ranking_real'])}.",
             f"Ranking, emulated: {', '.join(result['ranking_emulated'])}.",
+            f"Every policy within {TOLERANCE:.0%}: {'yes' if result['all_within_tolerance'] else 'no'} "
+            f"(outside: {', '.join(r['policy'] for r in result['rows'] if not r['within_tolerance']) or 'none'}).",
         ]
     )
 

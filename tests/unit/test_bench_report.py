@@ -199,3 +199,42 @@ def test_pins_and_hits_by_a_mark_count_from_the_start_of_the_run():
     s = summarize(result)
     assert (s["pins_created_60s"], s["pin_hits_60s"], s["pins_created"], s["pin_hits"]) == (7, 2, 35, 28)
     assert ReplayResult.from_dict(result.to_dict()).metrics_at == {"60": scrape(12, 4)}
+
+
+STAGES = 'sglang:scheduler_stage_seconds_total{{category="{}",forward_overlap="none",tp_rank="0"}} {}'
+
+
+def stage_text(**seconds):
+    return "\n".join(STAGES.format(k, v) for k, v in seconds.items())
+
+
+def test_server_time_splits_the_schedulers_wall_into_forwards_loop_and_idle():
+    from sglang_continuum.bench.report import server_time
+
+    before = stage_text(run_batch=1.0, idle=5.0, process_batch_result=0.1, recv_requests=0.0)
+    after = stage_text(run_batch=16.0, idle=14.0, process_batch_result=0.9, recv_requests=0.2)
+    t = server_time(before, after)
+    assert t["server_forward_s"] == 15.0 and t["server_idle_s"] == 9.0
+    assert abs(t["server_loop_s"] - 1.0) < 1e-9  # 0.8 processing results + 0.2 receiving
+    assert server_time("", "sglang:num_requests_total 3") == {}  # a server without --enable-metrics
+
+
+def test_validation_flags_each_policy_outside_fifteen_percent():
+    from sglang_continuum.emulator.validate import compare, markdown
+
+    def report(jcts, forward):
+        runs = []
+        for policy, jct in jcts.items():
+            r = run(policy, 1, jct)
+            r["summary"]["server_forward_s"] = forward
+            turn = {"ttft": 0.1, "queue_time_s": 0.05, "send": 0.0, "finish": 0.3}
+            r["replay"] = {"programs": [{"turns": [turn]}]}
+            runs.append(r)
+        return {"runs": runs}
+
+    result = compare(report({"fcfs": 10.0, "continuum": 8.0}, 15.0), report({"fcfs": 11.4, "continuum": 9.5}, 16.0))
+    by = {r["policy"]: r for r in result["rows"]}
+    assert by["fcfs"]["within_tolerance"] and not by["continuum"]["within_tolerance"]  # 1.14x vs 1.19x
+    assert not result["all_within_tolerance"] and by["fcfs"]["emulated"]["median_forward_s"] == 16.0
+    assert result["ranking_real"] == result["ranking_emulated"] == ["continuum", "fcfs"]
+    assert "outside: continuum" in markdown(result, "real.json", "emu.json")
