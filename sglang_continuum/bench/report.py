@@ -144,6 +144,8 @@ COLUMNS = [
     ("overdue_admitted", "overdue", "{:.0f}"),
     ("admission_bypassed", "bypassed AC", "{:.0f}"),
     ("host_loaded_tokens", "host-loaded tokens", "{:.0f}"),
+    ("server_forward_s", "forward s", "{:.1f}"),
+    ("server_loop_s", "rest of loop s", "{:.1f}"),
     ("failed_requests", "failed", "{}"),
 ]
 
@@ -169,7 +171,7 @@ def markdown_table(rows: list[dict], baseline: str = "fcfs") -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     base = {(r["jps"], r.get("seed"), r.get("repeat"), r["policy"]): r for r in rows}
     for r in rows:
-        cells = [fmt.format(r.get(key, 0.0)) for key, _, fmt in COLUMNS]
+        cells = [fmt.format(r[key]) if key in r else "-" for key, _, fmt in COLUMNS]  # "-": not measured
         if seeded:
             repeat = f"/r{r['repeat']}" if r.get("repeat") else ""
             cells.insert(2, f"{r.get('seed')}{repeat}{' (collapsed)' if r.get('collapsed') else ''}")

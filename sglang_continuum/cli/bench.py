@@ -346,7 +346,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         table,
         "",
         "JCT: first request sent to last response, per program. turn queue: mean time a turn waited in "
-        "the server queue (SGLang's queue_time). cache hit: cached / prompt tokens.",
+        "the server queue (SGLang's queue_time). cache hit: cached / prompt tokens. forward s / rest of loop s: "
+        "the scheduler's wall time in forwards (SGLang's run_batch stage; emulated: the profile's seconds) and in "
+        "the rest of its busy loop (emulated: not charged); '-': not measured.",
         "",
         *fleet_section(runs),
         *attribution_section(runs),
