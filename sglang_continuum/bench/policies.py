@@ -26,7 +26,8 @@ decomposition of bounded waiting: ``continuum-3s`` (the 3 s bound shipped before
 consequences), ``-3s-rank-shed``, ``-3s-pinned-first``, ``-3s-no-bypass`` (each consequence off),
 ``continuum-no-bound-no-ac``, ``continuum-order-only-no-bound``, ``continuum-3s-only``,
 ``continuum-open-door`` (no limit on overdue first turns passing admission control),
-``continuum-return-loss`` (admission control that also reads the thrash signal, ``core/return_loss.py``).
+``continuum-return-loss`` (admission control that also reads the thrash signal, ``core/return_loss.py``),
+``continuum-load-control`` (that, and returning turns of the latest programs wait too while it is high).
 Any policy with ``+hicache`` adds SGLang's host tier (``--enable-hierarchical-cache``) and is
 compared with ``fcfs+hicache``.
 """
@@ -89,6 +90,11 @@ POLICIES: dict[str, tuple[list[str], dict[str, str]]] = {
     "continuum-open-door": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_OVERDUE_ADMISSION_OVERCOMMIT": "0"}),
     # admission control that also holds new programs while returning ones lose over half their contexts
     "continuum-return-loss": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_RETURN_LOSS_THRESHOLD": "0.5"}),
+    # experimental load control: returning turns of the latest programs also wait while the pool thrashes
+    "continuum-load-control": (
+        ["--schedule-policy", "continuum"],
+        {"SGLANG_CONTINUUM_RETURN_LOSS_THRESHOLD": "0.5", "SGLANG_CONTINUUM_LOAD_CONTROL": "1"},
+    ),
     # the new bound's trigger in seconds instead of overtakes (everything else as shipped)
     "continuum-3s-only": (
         ["--schedule-policy", "continuum"],

@@ -5,8 +5,9 @@ A first turn waits while the pool cannot hold the working sets of the programs a
 (off by default), while returning programs are losing their contexts (``ReturnLossMeter``: the pool
 thrashes although today's contexts fit, because they grow). Bounded waiting still applies: an overdue first turn passes, up to
 ``overdue_admission_overcommit`` pools of working sets. Later turns, continuations found by
-prefix and requests without a program id are never held; the adapter never asks when holding
-back would idle the engine.
+prefix and requests without a program id are never held (except by load control, an experimental
+setting off by default: while the pool thrashes, returning turns of the latest programs wait too);
+the adapter never asks when holding back would idle the engine.
 """
 
 from __future__ import annotations
@@ -47,9 +48,11 @@ class AdmissionControl:
         if tag.meta.source == SOURCE_INFERRED:
             return False  # a continuation found by prefix: its context is already the pool's business
         state = self.programs.get(tag.meta.program_id)
-        if state is None or state.turns_admitted > 0 or self.programs.working_programs == 0:
+        if state is None or self.programs.working_programs == 0:
             return False
         room = capacity_tokens * self.settings.admission_working_set_fraction
+        if state.turns_admitted > 0:
+            return self._suspends(tag, state.arrival_rank, request_tokens, room, overdue)
         demand = self.programs.working_set_tokens + request_tokens
         if demand <= room and not self.thrashing:
             return False
@@ -65,6 +68,21 @@ class AdmissionControl:
             tag.held_back = True
             self.counters.held_back += 1
             self.counters.held_back_thrashing += demand <= room
+        return True
+
+    def _suspends(self, tag: TurnTag, rank: int, request_tokens: int, room: float, overdue: Callable[[], bool]) -> bool:
+        """Load control (``load_control``, experimental, off by default): while the pool thrashes, a
+        returning turn waits if the programs ranked before it already fill the pool with their
+        working sets, so that they keep their contexts instead of every program re-prefilling
+        (Denning's load control: suspend the latest processes while the fault rate says the
+        working sets do not fit). Bounded waiting still applies: an overdue turn passes."""
+        if not self.settings.load_control or not self.thrashing:
+            return False
+        if self.programs.working_set_tokens_ranked_before(rank) + request_tokens <= room or overdue():
+            return False
+        if not tag.held_back:
+            tag.held_back = True
+            self.counters.suspended += 1
         return True
 
     def check_integrity(self) -> None:

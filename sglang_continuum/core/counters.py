@@ -39,6 +39,7 @@ class AdmissionCounters:
     overdue_admitted: int = 0  # requests that were overdue when admitted
     bypassed: int = 0  # overdue first turns admitted past admission control
     bypass_refused: int = 0  # checks that kept an overdue first turn back: the overcommit limit was reached
+    suspended: int = 0  # returning turns load control kept waiting while the pool thrashed (once per request)
 
 
 @dataclass(slots=True)

@@ -198,6 +198,11 @@ class ProgramRegistry:
             self._working[state.program_id] = None
         state.context_tokens = tokens
 
+    def working_set_tokens_ranked_before(self, rank: int) -> int:
+        """The working sets of programs that arrived before rank ``rank`` (O(working set): read only
+        by load control, while the pool thrashes)."""
+        return sum(s.context_tokens for pid in self._working if (s := self._programs[pid]).arrival_rank < rank)
+
     def _leave_working_set(self, state: ProgramState) -> None:
         if self._working.pop(state.program_id, 0) is None:
             self.working_set_tokens -= state.context_tokens

@@ -84,6 +84,13 @@ SERIES: tuple[Series, ...] = (
         "Of those, first turns held only because returning programs were losing their contexts (return loss).",
     ),
     Series(
+        "suspended_requests",
+        "counter",
+        "admission.suspended",
+        "Returning turns load control kept waiting while the pool thrashed: programs ranked before them filled it "
+        "(load_control, off by default; once per request).",
+    ),
+    Series(
         "admission_sheds",
         "counter",
         "admission.admission_sheds",

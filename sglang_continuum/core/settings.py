@@ -108,6 +108,12 @@ class ContinuumSettings(BaseModel):
         "docs/results/thrash-cpu/)",
     )
     return_loss_window: int = Field(32, ge=8, description="returning turns the return loss is measured over")
+    load_control: bool = Field(
+        False,
+        description="experimental: while the return loss is above return_loss_threshold, a returning turn also waits "
+        "if the working sets of programs ranked before it fill the pool (suspend the latest programs instead of "
+        "letting every program re-prefill); off by default, docs/results/thrash-cpu/",
+    )
 
     # host tier (--enable-hierarchical-cache)
     offload_to_host: bool = Field(
