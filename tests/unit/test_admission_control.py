@@ -99,3 +99,30 @@ def test_an_overdue_newcomer_still_passes_a_thrashing_pool_within_the_overcommit
     assert c.holds_back(newcomer, 100, 10_000, clock())
     c.turn_admitted(c.turn_arrived(meta("a")), 200, cached_tokens=200)  # a later arrival overtakes it
     assert not c.holds_back(newcomer, 100, 10_000, clock()) and newcomer.bypassed
+
+
+def test_load_control_suspends_returning_turns_of_programs_ranked_after_a_full_pool():
+    c, clock = make(return_loss_threshold=0.5, load_control=True, max_overtakes=0)
+    thrash(c, programs=("a", "b", "c"))  # three programs in flight, 200 tokens each, losing their contexts
+    a, b, late = (c.turn_arrived(meta(pid)) for pid in ("a", "b", "c"))
+    assert not c.holds_back(a, 200, 350, clock())  # nothing ranked before "a"
+    assert not c.holds_back(b, 100, 350, clock())  # "a"'s 200 + 100 fit a 350-token pool
+    assert c.holds_back(late, 200, 350, clock())  # "a" and "b" fill it: "c" waits for them
+    assert c.holds_back(late, 200, 350, clock()) and c.admission.suspended == 1  # counted once per request
+    assert c.admission.held_back == 0  # no first turn was held
+    c.check_integrity()
+
+
+def test_load_control_needs_the_thrash_signal_and_yields_to_bounded_waiting():
+    c, clock = make(return_loss_threshold=0.5, max_overtakes=0)  # load control off (the default)
+    thrash(c, programs=("a", "b", "c"))
+    assert not c.holds_back(c.turn_arrived(meta("c")), 200, 350, clock())
+    c, clock = make(load_control=True, max_overtakes=0)  # on, but no thrash signal (threshold 0)
+    thrash(c, programs=("a", "b", "c"))
+    assert not c.holds_back(c.turn_arrived(meta("c")), 200, 350, clock())
+    c, clock = make(return_loss_threshold=0.5, load_control=True, max_overtakes=1)
+    thrash(c, programs=("a", "b", "c"))
+    late = c.turn_arrived(meta("c"))
+    assert c.holds_back(late, 200, 350, clock())
+    c.turn_admitted(c.turn_arrived(meta("a")), 200, cached_tokens=0)  # a later arrival overtakes it
+    assert not c.holds_back(late, 200, 350, clock())  # overdue: it passes
