@@ -95,6 +95,8 @@ POLICIES: dict[str, tuple[list[str], dict[str, str]]] = {
         ["--schedule-policy", "continuum"],
         {"SGLANG_CONTINUUM_RETURN_LOSS_THRESHOLD": "0.5", "SGLANG_CONTINUUM_LOAD_CONTROL": "1"},
     ),
+    # admission control keeps room only for programs the cost model keeps (pinned or in flight)
+    "continuum-ws-pins": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_WORKING_SET_FOLLOWS_PINS": "1"}),
     # the new bound's trigger in seconds instead of overtakes (everything else as shipped)
     "continuum-3s-only": (
         ["--schedule-policy", "continuum"],

@@ -198,15 +198,33 @@ class ContinuumController:
                 self.program_counters.terminal_tool += 1
             logger.debug("continuum: program=%s finished (%s); no pin", pid, "last step" if meta.is_last_step else tool)
             return out
+        self._pin_finished_turn(out, state, tool, identified, context_tokens, handle, now)
+        if out.pin is None and self.settings.working_set_follows_pins:
+            self.programs.let_go(pid)  # no room is kept for KV the policy itself lets go
+        return out
+
+    def _pin_finished_turn(
+        self,
+        out: FinishOutcome,
+        state: ProgramState,
+        tool: str,
+        identified: Optional[str],
+        context_tokens: int,
+        handle: object,
+        now: float,
+    ) -> None:
+        """Ask the TTL model how long to keep the finished turn's prefix and pin it for that long
+        (``out.pin``; ``out.release``: later programs' pins pushed out of the budget)."""
+        pid = state.program_id
         if handle is None or context_tokens <= 0:
-            return out
+            return
         if identified is None and not self.settings.pin_without_tool:
-            return out
+            return
         ttl = min(float(self.ttl_model.ttl(TTLQuery(tool, context_tokens))), self.settings.max_ttl_s)
         out.ttl = ttl
         if ttl <= 0:
             logger.debug("continuum: program=%s tool=%s ttl=0; no pin", pid, tool)
-            return out
+            return
         pin = Pin(pid, context_tokens, now + ttl, state.arrival_rank, now, handle=handle)
         stored, released = self.pins.add(pin)
         if stored:
@@ -219,7 +237,6 @@ class ContinuumController:
         for victim in released:  # pins of later programs pushed out of the budget
             self._count_shed(victim, "budget")
         out.release.extend(released)
-        return out
 
     def turn_aborted(self, meta: ProgramMeta) -> list[Pin]:
         """Abort: forget the pending tool call and drop the program's pins."""
@@ -258,6 +275,9 @@ class ContinuumController:
         hold = self._wait_hold(program_waiting)
         plan.expired = self.pins.pop_expired(now, hold)
         self.counters.expired += len(plan.expired)
+        if self.settings.working_set_follows_pins:
+            for pin in plan.expired:  # the program did not come back within its TTL
+                self.programs.let_go(pin.program_id)
         self.programs.forget_idle(now)
         for state in self.programs.drain_forgotten():
             plan.released.extend(self._drop_pins(state.program_id))

@@ -165,6 +165,13 @@ class ProgramRegistry:
                 break
             self._leave_working_set(state)
 
+    def let_go(self, program_id: str) -> None:
+        """The policy decided not to keep the program's KV while it is out on a tool call: it
+        leaves the working set until its next turn is admitted (unless a turn of it is in flight)."""
+        state = self._programs.get(program_id)
+        if state is not None and state.in_flight == 0:
+            self._leave_working_set(state)
+
     def drain_forgotten(self) -> list[ProgramState]:
         out, self._forgotten = self._forgotten, []
         return out

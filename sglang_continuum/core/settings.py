@@ -98,6 +98,11 @@ class ContinuumSettings(BaseModel):
     working_set_window_s: float = Field(
         30.0, gt=0, description="a program unseen this long (out on a tool) leaves the working set"
     )
+    working_set_follows_pins: bool = Field(
+        False,
+        description="a program out on a tool stays in the working set only while it holds a pin: when the cost "
+        "model lets its KV go (no pin, or the pin expired) admission control stops keeping room for it",
+    )
     return_loss_threshold: float = Field(
         0.0,
         ge=0,
