@@ -97,6 +97,12 @@ POLICIES: dict[str, tuple[list[str], dict[str, str]]] = {
     ),
     # admission control keeps room only for programs the cost model keeps (pinned or in flight)
     "continuum-ws-pins": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_WORKING_SET_FOLLOWS_PINS": "1"}),
+    # admission control expects every program to grow to the mean final context of those that ended
+    "continuum-growth": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_ADMISSION_EXPECTS_GROWTH": "1"}),
+    "continuum-growth-ws-pins": (
+        ["--schedule-policy", "continuum"],
+        {"SGLANG_CONTINUUM_ADMISSION_EXPECTS_GROWTH": "1", "SGLANG_CONTINUUM_WORKING_SET_FOLLOWS_PINS": "1"},
+    ),
     # the new bound's trigger in seconds instead of overtakes (everything else as shipped)
     "continuum-3s-only": (
         ["--schedule-policy", "continuum"],

@@ -53,7 +53,7 @@ class AdmissionControl:
         room = capacity_tokens * self.settings.admission_working_set_fraction
         if state.turns_admitted > 0:
             return self._suspends(tag, state.arrival_rank, request_tokens, room, overdue)
-        demand = self.programs.working_set_tokens + request_tokens
+        demand = self._demand(request_tokens)
         if demand <= room and not self.thrashing:
             return False
         if overdue():  # bounded waiting, within the overcommit limit
@@ -69,6 +69,14 @@ class AdmissionControl:
             self.counters.held_back += 1
             self.counters.held_back_thrashing += demand <= room
         return True
+
+    def _demand(self, request_tokens: int) -> int:
+        """The pool the working set needs with one more program: today's contexts, or, with
+        ``admission_expects_growth``, each (the new one included) at least as large as programs
+        end up (an agent's first turn is a fraction of its last)."""
+        if not self.settings.admission_expects_growth:
+            return self.programs.working_set_tokens + request_tokens
+        return self.programs.reserved_tokens() + max(request_tokens, self.programs.expected_final_context)
 
     def _suspends(self, tag: TurnTag, rank: int, request_tokens: int, room: float, overdue: Callable[[], bool]) -> bool:
         """Load control (``load_control``, experimental, off by default): while the pool thrashes, a

@@ -61,6 +61,7 @@ class ContinuumController:
             max_programs=settings.max_programs,
             idle_timeout_s=settings.program_idle_timeout_s,
             working_set_window_s=settings.working_set_window_s,
+            final_context_window=settings.final_context_window,
         )
         self.stats = ToolStats(
             window=settings.tool_window,

@@ -13,7 +13,7 @@ pool should hold for their next turn. Program-level admission control reads it.
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Optional
 
@@ -56,7 +56,12 @@ class ToolReturn:
 
 class ProgramRegistry:
     def __init__(
-        self, *, max_programs: int = 100_000, idle_timeout_s: float = 900.0, working_set_window_s: float = 30.0
+        self,
+        *,
+        max_programs: int = 100_000,
+        idle_timeout_s: float = 900.0,
+        working_set_window_s: float = 30.0,
+        final_context_window: int = 64,
     ) -> None:
         if max_programs < 1:
             raise ValueError("max_programs must be >= 1")
@@ -68,6 +73,10 @@ class ProgramRegistry:
         self.working_set_tokens = 0
         self._forgotten: list[ProgramState] = []  # dropped by overflow or idleness, not yet drained
         self.forgotten = 0
+        # the contexts programs had when they ended or were forgotten: how far a program grows
+        self._final_contexts: deque[int] = deque(maxlen=final_context_window)
+        self._final_sum = 0
+        self._reserved: Optional[tuple[int, int]] = None  # (expected context, tokens) while nothing changed
 
     def __len__(self) -> int:
         return len(self._programs)
@@ -81,6 +90,21 @@ class ProgramRegistry:
     @property
     def working_programs(self) -> int:
         return len(self._working)
+
+    @property
+    def expected_final_context(self) -> int:
+        """The mean context of the last programs that ended (0 before any did)."""
+        n = len(self._final_contexts)
+        return self._final_sum // n if n else 0
+
+    def reserved_tokens(self) -> int:
+        """What the working set will need: each program in it at least the expected final context
+        (O(working set) once after each change, then cached)."""
+        expected = self.expected_final_context
+        if self._reserved is None or self._reserved[0] != expected:
+            total = sum(max(self._programs[pid].context_tokens, expected) for pid in self._working)
+            self._reserved = (expected, total)
+        return self._reserved[1]
 
     # -- events --------------------------------------------------------------------------
     def turn_arrived(self, program_id: str, now: float, rank: int) -> tuple[ProgramState, Optional[ToolReturn]]:
@@ -140,6 +164,7 @@ class ProgramRegistry:
         state = self._programs.pop(program_id, None)
         if state is not None:
             self._leave_working_set(state)
+            self._record_final_context(state)
         return state
 
     def forget_idle(self, now: float) -> None:
@@ -188,6 +213,10 @@ class ProgramRegistry:
         assert all(pid in self._programs for pid in self._working), "working set names a forgotten program"
         total = sum(self._programs[pid].context_tokens for pid in self._working)
         assert total == self.working_set_tokens, "working-set token sum"
+        assert self._final_sum == sum(self._final_contexts), "final-context sum"
+        expected = self.expected_final_context
+        reserved = sum(max(self._programs[pid].context_tokens, expected) for pid in self._working)
+        assert self.reserved_tokens() == reserved, "reserved tokens out of date"
 
     # -- internals -----------------------------------------------------------------------
     def _touch(self, state: ProgramState, now: float) -> None:
@@ -197,6 +226,7 @@ class ProgramRegistry:
             self._working.move_to_end(state.program_id)
 
     def _set_context(self, state: ProgramState, tokens: int) -> None:
+        self._reserved = None
         if state.program_id in self._working:
             self.working_set_tokens += tokens - state.context_tokens
             self._working.move_to_end(state.program_id)
@@ -213,8 +243,18 @@ class ProgramRegistry:
     def _leave_working_set(self, state: ProgramState) -> None:
         if self._working.pop(state.program_id, 0) is None:
             self.working_set_tokens -= state.context_tokens
+            self._reserved = None
+
+    def _record_final_context(self, state: ProgramState) -> None:
+        if state.context_tokens <= 0:
+            return  # never admitted: says nothing about how far programs grow
+        if len(self._final_contexts) == self._final_contexts.maxlen:
+            self._final_sum -= self._final_contexts[0]
+        self._final_contexts.append(state.context_tokens)
+        self._final_sum += state.context_tokens
 
     def _drop(self, state: ProgramState) -> None:
         self._leave_working_set(state)
+        self._record_final_context(state)
         self._forgotten.append(state)
         self.forgotten += 1

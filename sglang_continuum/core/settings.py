@@ -98,6 +98,13 @@ class ContinuumSettings(BaseModel):
     working_set_window_s: float = Field(
         30.0, gt=0, description="a program unseen this long (out on a tool) leaves the working set"
     )
+    admission_expects_growth: bool = Field(
+        False,
+        description="admission control reserves for each program in flight, and for the new one, at least the "
+        "mean final context of the last final_context_window programs that ended (agent contexts grow every turn: "
+        "first turns are small, so today's sizes let in more programs than the pool will hold)",
+    )
+    final_context_window: int = Field(64, ge=1, description="ended programs the expected final context is the mean of")
     working_set_follows_pins: bool = Field(
         False,
         description="a program out on a tool stays in the working set only while it holds a pin: when the cost "

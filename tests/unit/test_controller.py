@@ -459,3 +459,34 @@ def test_arrivals_are_counted_by_where_their_program_id_came_from():
         "inferred": 1,
         "none": 1,
     }
+
+
+@pytest.mark.parametrize("follows", [False, True])
+def test_working_set_follows_the_pin_decision_when_asked(follows):
+    # a program the cost model lets go (TTL 0) or whose pin expired is no reason to hold back a
+    # new program; a pinned one is, and so is one with a turn in flight
+    c, clock = make(fixed_ttl_s=0.0, working_set_follows_pins=follows)
+    c.turn_admitted(c.turn_arrived(turn("unpinned")), 600)
+    assert c.turn_finished(turn("unpinned"), context_tokens=700, handle="h").pin is None
+    new = c.turn_arrived(turn("new"))
+    assert c.holds_back(new, 400, 1000, clock()) is not follows  # 700 + 400 > 1000 unless let go
+    assert c.programs.working_set_tokens == (0 if follows else 700)
+    c.programs.check_integrity()
+
+    c, clock = make(fixed_ttl_s=2.0, working_set_follows_pins=follows)
+    c.turn_admitted(c.turn_arrived(turn("pinned")), 600)
+    assert c.turn_finished(turn("pinned"), context_tokens=700, handle="h").pin is not None
+    new = c.turn_arrived(turn("new"))
+    assert c.holds_back(new, 400, 1000, clock())  # pinned: its room is kept either way
+    clock.advance(2.5)
+    assert len(c.step(lambda pid: False).expired) == 1
+    assert c.holds_back(new, 400, 1000, clock()) is not follows  # expired: let go
+    c.programs.check_integrity()
+
+
+def test_a_program_with_a_turn_in_flight_stays_in_the_working_set():
+    c, clock = make(fixed_ttl_s=0.0, working_set_follows_pins=True)
+    c.turn_admitted(c.turn_arrived(turn("p")), 600)
+    c.turn_arrived(turn("p"))  # a concurrent turn of it waits
+    c.turn_finished(turn("p"), context_tokens=700, handle="h")
+    assert c.programs.working_set_tokens == 700
