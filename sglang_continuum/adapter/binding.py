@@ -129,15 +129,15 @@ class Admission:
         return ContinuumPrefillAdder
 
     def hold_back(self, adder: PrefillAdder, req) -> bool:
-        """Admission control for ``req``; never when holding it back would idle the engine."""
+        """Admission control for ``req``; when holding it back would idle the engine, only past
+        ``idle_admission_overcommit`` (by default never)."""
         tag = get_tag(req)
         if tag is None or not tag.meta.has_program:
             return False
-        if adder.running_batch.is_empty() and not adder.can_run_list and self.scheduler.chunked_req is None:
-            return False
+        idle = adder.running_batch.is_empty() and not adder.can_run_list and self.scheduler.chunked_req is None
         cache = self.cache
         return cache.controller.holds_back(
-            tag, len(req.origin_input_ids), cache.token_to_kv_pool_allocator.size, cache.step_clock()
+            tag, len(req.origin_input_ids), cache.token_to_kv_pool_allocator.size, cache.step_clock(), idle=idle
         )
 
 

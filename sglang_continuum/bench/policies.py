@@ -103,6 +103,14 @@ POLICIES: dict[str, tuple[list[str], dict[str, str]]] = {
         ["--schedule-policy", "continuum"],
         {"SGLANG_CONTINUUM_ADMISSION_EXPECTS_GROWTH": "1", "SGLANG_CONTINUUM_WORKING_SET_FOLLOWS_PINS": "1"},
     ),
+    "continuum-growth-idle": (
+        ["--schedule-policy", "continuum"],
+        {"SGLANG_CONTINUUM_ADMISSION_EXPECTS_GROWTH": "1", "SGLANG_CONTINUUM_IDLE_ADMISSION_OVERCOMMIT": "1.5"},
+    ),
+    "continuum-growth-strict": (
+        ["--schedule-policy", "continuum"],
+        {"SGLANG_CONTINUUM_ADMISSION_EXPECTS_GROWTH": "1", "SGLANG_CONTINUUM_IDLE_ADMISSION_OVERCOMMIT": "1"},
+    ),
     # the new bound's trigger in seconds instead of overtakes (everything else as shipped)
     "continuum-3s-only": (
         ["--schedule-policy", "continuum"],

@@ -42,9 +42,20 @@ class AdmissionControl:
         prompt still extends counts: a client that cut its history lost nothing to the pool)."""
         self.return_loss.observe(min(previous_tokens, context_tokens), cached_tokens)
 
-    def holds_back(self, tag: TurnTag, request_tokens: int, capacity_tokens: int, overdue: Callable[[], bool]) -> bool:
+    def holds_back(
+        self,
+        tag: TurnTag,
+        request_tokens: int,
+        capacity_tokens: int,
+        overdue: Callable[[], bool],
+        *,
+        idle: bool = False,
+    ) -> bool:
         if not self.settings.admission_control or not tag.meta.has_program:
             return False
+        idle_limit = self.settings.idle_admission_overcommit
+        if idle and idle_limit <= 0:
+            return False  # work-conserving: a waiting engine is never kept waiting
         if tag.meta.source == SOURCE_INFERRED:
             return False  # a continuation found by prefix: its context is already the pool's business
         state = self.programs.get(tag.meta.program_id)
@@ -52,10 +63,17 @@ class AdmissionControl:
             return False
         room = capacity_tokens * self.settings.admission_working_set_fraction
         if state.turns_admitted > 0:
-            return self._suspends(tag, state.arrival_rank, request_tokens, room, overdue)
+            return not idle and self._suspends(tag, state.arrival_rank, request_tokens, room, overdue)
         demand = self._demand(request_tokens)
         if demand <= room and not self.thrashing:
             return False
+        if idle:
+            if demand <= room * idle_limit:
+                return False
+            if not tag.held_back:
+                tag.held_back = True
+                self.counters.held_back += 1
+            return True
         if overdue():  # bounded waiting, within the overcommit limit
             limit = self.settings.overdue_admission_overcommit
             if limit <= 0 or demand <= room * limit:

@@ -382,10 +382,13 @@ class ContinuumController:
         limit = self.settings.max_queue_wait_s
         return tag.queued_at + limit if limit > 0 else None
 
-    def holds_back(self, tag: TurnTag, request_tokens: int, capacity_tokens: int, now: float) -> bool:
-        """Program-level admission control (``core/admission_control.py``) for a waiting turn."""
+    def holds_back(
+        self, tag: TurnTag, request_tokens: int, capacity_tokens: int, now: float, *, idle: bool = False
+    ) -> bool:
+        """Program-level admission control (``core/admission_control.py``) for a waiting turn;
+        ``idle``: nothing else would run if it waited."""
         return self.admission_control.holds_back(
-            tag, request_tokens, capacity_tokens, lambda: self.is_overdue(tag, now)
+            tag, request_tokens, capacity_tokens, lambda: self.is_overdue(tag, now), idle=idle
         )
 
     # -- host tier -----------------------------------------------------------------------

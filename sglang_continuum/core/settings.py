@@ -98,6 +98,12 @@ class ContinuumSettings(BaseModel):
     working_set_window_s: float = Field(
         30.0, gt=0, description="a program unseen this long (out on a tool) leaves the working set"
     )
+    idle_admission_overcommit: float = Field(
+        0.0,
+        ge=0,
+        description="when holding a first turn back would idle the engine, it still waits if the working sets plus "
+        "it exceed this many pools (the engine idles rather than thrash); 0 = never held while the engine idles",
+    )
     admission_expects_growth: bool = Field(
         False,
         description="admission control reserves for each program in flight, and for the new one, at least the "

@@ -87,9 +87,34 @@ def test_working_set_counts_admitted_programs_until_they_go_quiet():
     r.check_integrity()
 
 
+def test_programs_are_expected_to_grow_as_far_as_the_ones_that_ended():
+    r = ProgramRegistry(final_context_window=2)
+    assert r.expected_final_context == 0  # nothing ended yet: today's sizes
+    for pid, final in (("a", 4000), ("b", 2000), ("c", 3000)):
+        r.turn_arrived(pid, 0.0, rank=1)
+        r.turn_admitted(pid, 0.0, final)
+        r.forget(pid)
+    r.turn_arrived("never-admitted", 0.0, rank=2)
+    r.forget("never-admitted")  # no context: says nothing
+    assert r.expected_final_context == 2500  # the last two: (2000 + 3000) / 2
+    r.turn_arrived("small", 0.0, rank=3)
+    r.turn_admitted("small", 0.0, 500)
+    r.turn_arrived("large", 0.0, rank=4)
+    r.turn_admitted("large", 0.0, 2800)
+    assert r.working_set_tokens == 3300 and r.reserved_tokens() == 2500 + 2800
+    r.turn_finished("small", 1.0, "t", 900)
+    assert r.reserved_tokens() == 5300  # still below the expectation
+    r.let_go("large")  # a turn of it runs: it stays
+    assert r.reserved_tokens() == 5300
+    r.turn_finished("large", 1.0, "t", 2900)
+    r.let_go("large")
+    assert r.reserved_tokens() == 2500
+    r.check_integrity()
+
+
 ops = st.lists(
     st.tuples(
-        st.sampled_from(["arrive", "admit", "finish", "abort", "forget", "idle"]),
+        st.sampled_from(["arrive", "admit", "finish", "abort", "forget", "idle", "let_go"]),
         st.integers(0, 5),
         st.integers(1, 500),
         st.floats(0, 3),
@@ -101,7 +126,7 @@ ops = st.lists(
 @settings(max_examples=200, deadline=None)
 @given(ops=ops)
 def test_registry_invariants_hold_under_any_event_sequence(ops):
-    r = ProgramRegistry(max_programs=4, idle_timeout_s=20.0, working_set_window_s=4.0)
+    r = ProgramRegistry(max_programs=4, idle_timeout_s=20.0, working_set_window_s=4.0, final_context_window=3)
     now, rank = 0.0, 0
     for op, i, tokens, dt in ops:
         now += dt
@@ -123,6 +148,8 @@ def test_registry_invariants_hold_under_any_event_sequence(ops):
                 r.turn_aborted(pid, now)
         elif op == "forget":
             r.forget(pid)
+        elif op == "let_go":
+            r.let_go(pid)
         else:
             r.forget_idle(now)
         r.drain_forgotten()
