@@ -27,7 +27,11 @@ consequences), ``-3s-rank-shed``, ``-3s-pinned-first``, ``-3s-no-bypass`` (each 
 ``continuum-no-bound-no-ac``, ``continuum-order-only-no-bound``, ``continuum-3s-only``,
 ``continuum-open-door`` (no limit on overdue first turns passing admission control),
 ``continuum-return-loss`` (admission control that also reads the thrash signal, ``core/return_loss.py``),
-``continuum-load-control`` (that, and returning turns of the latest programs wait too while it is high).
+``continuum-load-control`` (that, and returning turns of the latest programs wait too while it is high),
+``continuum-ws-pins`` (the working set counts a program out on a tool only while it is pinned),
+``continuum-growth`` (admission reserves the mean final context of ended programs per program; ``-ws-pins``
+with that too), ``continuum-growth-idle`` / ``-strict`` (and holds first turns even when the engine would
+idle, past 1.5 / 1 pools).
 Any policy with ``+hicache`` adds SGLang's host tier (``--enable-hierarchical-cache``) and is
 compared with ``fcfs+hicache``.
 """

@@ -199,28 +199,16 @@ class ContinuumController:
                 self.program_counters.terminal_tool += 1
             logger.debug("continuum: program=%s finished (%s); no pin", pid, "last step" if meta.is_last_step else tool)
             return out
-        self._pin_finished_turn(out, state, tool, identified, context_tokens, handle, now)
+        if handle is not None and context_tokens > 0 and (identified is not None or self.settings.pin_without_tool):
+            self._pin(out, state, tool, context_tokens, handle, now)
         if out.pin is None and self.settings.working_set_follows_pins:
             self.programs.let_go(pid)  # no room is kept for KV the policy itself lets go
         return out
 
-    def _pin_finished_turn(
-        self,
-        out: FinishOutcome,
-        state: ProgramState,
-        tool: str,
-        identified: Optional[str],
-        context_tokens: int,
-        handle: object,
-        now: float,
-    ) -> None:
+    def _pin(self, out: FinishOutcome, state: ProgramState, tool: str, context_tokens: int, handle, now: float) -> None:
         """Ask the TTL model how long to keep the finished turn's prefix and pin it for that long
         (``out.pin``; ``out.release``: later programs' pins pushed out of the budget)."""
         pid = state.program_id
-        if handle is None or context_tokens <= 0:
-            return
-        if identified is None and not self.settings.pin_without_tool:
-            return
         ttl = min(float(self.ttl_model.ttl(TTLQuery(tool, context_tokens))), self.settings.max_ttl_s)
         out.ttl = ttl
         if ttl <= 0:

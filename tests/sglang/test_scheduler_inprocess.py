@@ -477,3 +477,41 @@ def test_returning_turns_feed_the_return_loss_with_the_prefix_the_real_cache_fou
     assert found["rl-hit"] >= len(contexts["rl-hit"]) - 1  # its pin kept it (SGLang may not cache the last token)
     assert found["rl-miss"] < len(contexts["rl-miss"]) // 2  # gone: a loss the meter counted
     meter.check_integrity()
+
+
+@pytest.mark.parametrize("follows_pins", [False, True])
+def test_admission_control_keeps_room_for_an_unpinned_program_only_when_told_to(driver, follows_pins):
+    """A program the cost model did not pin (its tool is slow) is out on that tool; a new program's
+    first turn arrives while another request decodes. Counting the unpinned context as working set,
+    admission control holds the newcomer; with ``working_set_follows_pins`` it is admitted at once
+    (the unpinned prefix is not protected anyway)."""
+    rng = random.Random(31 + follows_pins)
+    drain_pins(driver)
+    cache = driver.s.tree_cache
+    controller = cache.controller
+    settings = controller.settings.model_copy(update={"working_set_follows_pins": follows_pins})
+    mp = pytest.MonkeyPatch()
+    mp.setattr(controller, "settings", settings)
+    mp.setattr(controller.admission_control, "settings", settings)
+    try:
+        for _ in range(controller.stats.window):  # the fixture's premise: "slow" is never pinned
+            controller.stats.record("slow", 500.0)
+        pid = f"ws-out-{follows_pins}"
+        driver.submit(tokens(rng, 500), max_new_tokens=4, custom_params=meta(pid, "slow"))
+        driver.run_until_idle()
+        assert pid not in controller.pins
+        assert (controller.programs.working_set_tokens == 0) is follows_pins
+        x = driver.submit(tokens(rng, 20), max_new_tokens=200)  # a decode: holding back would not idle
+        driver.step()
+        newcomer = driver.submit(tokens(rng, 600), max_new_tokens=4, custom_params=meta(f"ws-new-{follows_pins}"))
+        for _ in range(3):
+            driver.step()
+        assert not driver.req(x).finished()
+        assert (newcomer in driver.admitted) is follows_pins
+        driver.run_until_idle()
+        assert driver.req(newcomer).finished()
+        for p in (pid, f"ws-new-{follows_pins}"):
+            cache.end_program(p)
+        cache.check_integrity()
+    finally:
+        mp.undo()

@@ -126,3 +126,17 @@ def test_load_control_needs_the_thrash_signal_and_yields_to_bounded_waiting():
     assert c.holds_back(late, 200, 350, clock())
     c.turn_admitted(c.turn_arrived(meta("a")), 200, cached_tokens=0)  # a later arrival overtakes it
     assert not c.holds_back(late, 200, 350, clock())  # overdue: it passes
+
+
+@pytest.mark.parametrize("limit", [0.0, 1.5])
+def test_an_idle_engine_admits_a_newcomer_unless_past_the_idle_overcommit(limit):
+    # 800 tokens in flight in a 1000-token pool: a 300-token newcomer is held while others run;
+    # with the engine idle it passes by default (work-conserving), and with a limit only within it
+    c, clock = make(idle_admission_overcommit=limit, max_overtakes=0)
+    c.turn_admitted(c.turn_arrived(meta("a")), 800)
+    small, big = c.turn_arrived(meta("small")), c.turn_arrived(meta("big"))
+    assert c.holds_back(small, 300, 1000, clock()) and c.holds_back(big, 800, 1000, clock())
+    assert not c.holds_back(small, 300, 1000, clock(), idle=True)  # 1100 <= 1.5 pools
+    assert c.holds_back(big, 800, 1000, clock(), idle=True) is (limit > 0)  # 1600 > 1.5 pools
+    returning = c.turn_arrived(meta("a"))
+    assert not c.holds_back(returning, 900, 1000, clock(), idle=True)  # a later turn is never held
