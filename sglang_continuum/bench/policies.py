@@ -28,7 +28,9 @@ consequences), ``-3s-rank-shed``, ``-3s-pinned-first``, ``-3s-no-bypass`` (each 
 ``continuum-open-door`` (no limit on overdue first turns passing admission control),
 ``continuum-return-loss`` (admission control that also reads the thrash signal, ``core/return_loss.py``),
 ``continuum-load-control`` (that, and returning turns of the latest programs wait too while it is high),
-``continuum-ws-pins`` (the working set counts a program out on a tool only while it is pinned),
+``continuum-ws-pins`` (the working set counts a program out on a tool only while it is pinned: the default since
+2026-11-24, so the same as ``continuum``), ``continuum-ws-window`` (every program seen in the last
+``working_set_window_s``: the default before),
 ``continuum-growth`` (admission reserves the mean final context of ended programs per program; ``-ws-pins``
 with that too), ``continuum-growth-idle`` / ``-strict`` (and holds first turns even when the engine would
 idle, past 1.5 / 1 pools).
@@ -99,8 +101,10 @@ POLICIES: dict[str, tuple[list[str], dict[str, str]]] = {
         ["--schedule-policy", "continuum"],
         {"SGLANG_CONTINUUM_RETURN_LOSS_THRESHOLD": "0.5", "SGLANG_CONTINUUM_LOAD_CONTROL": "1"},
     ),
-    # admission control keeps room only for programs the cost model keeps (pinned or in flight)
+    # admission control keeps room only for programs the cost model keeps (pinned or in flight): the
+    # default since 2026-11-24 (``continuum`` is the same); ``-ws-window`` is the default before it
     "continuum-ws-pins": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_WORKING_SET_FOLLOWS_PINS": "1"}),
+    "continuum-ws-window": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_WORKING_SET_FOLLOWS_PINS": "0"}),
     # admission control expects every program to grow to the mean final context of those that ended
     "continuum-growth": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_ADMISSION_EXPECTS_GROWTH": "1"}),
     "continuum-growth-ws-pins": (

@@ -7,7 +7,8 @@ it held (a pin, a host pin) outlives it.
 
 The registry also keeps the **working set**: the current context tokens of programs that have
 been admitted at least once and were seen within ``working_set_window_s`` -- the programs the
-pool should hold for their next turn. Program-level admission control reads it.
+pool should hold for their next turn. Program-level admission control reads it. The owner may let a
+program go sooner (``let_go``: out on a tool with no pin, when ``working_set_follows_pins``).
 """
 
 from __future__ import annotations

@@ -39,7 +39,8 @@ SERIES: tuple[Series, ...] = (
         "programs_in_flight",
         "gauge",
         "gauge.programs_in_flight",
-        "Programs in the working set (admitted, seen within working_set_window_s).",
+        "Programs in the working set (admitted, seen within working_set_window_s; "
+        "out on a tool only while pinned, with working_set_follows_pins).",
     ),
     Series("working_set_tokens", "gauge", "gauge.working_set_tokens", "Current context tokens of programs in flight."),
     Series(

@@ -112,9 +112,10 @@ class ContinuumSettings(BaseModel):
     )
     final_context_window: int = Field(64, ge=1, description="ended programs the expected final context is the mean of")
     working_set_follows_pins: bool = Field(
-        False,
+        True,
         description="a program out on a tool stays in the working set only while it holds a pin: when the cost "
-        "model lets its KV go (no pin, or the pin expired) admission control stops keeping room for it",
+        "model lets its KV go (no pin, or the pin expired) admission control stops keeping room for it "
+        "(False: every program seen within working_set_window_s, the default before 2026-11-24)",
     )
     return_loss_threshold: float = Field(
         0.0,

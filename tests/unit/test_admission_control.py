@@ -60,11 +60,11 @@ def thrash(c, programs=("a", "b"), turns=4):
     """Programs in flight come back and find their contexts gone (nothing cached)."""
     for pid in programs:
         c.turn_admitted(c.turn_arrived(meta(pid)), 100, cached_tokens=0)
-        c.turn_finished(meta(pid), context_tokens=100)
+        c.turn_finished(meta(pid), context_tokens=100, handle=f"lock-{pid}")  # pinned: in the working set
     for _ in range(turns):
         for pid in programs:
             c.turn_admitted(c.turn_arrived(meta(pid)), 200, cached_tokens=0)
-            c.turn_finished(meta(pid), context_tokens=200)
+            c.turn_finished(meta(pid), context_tokens=200, handle=f"lock-{pid}")
 
 
 def test_a_thrashing_pool_holds_new_programs_although_current_working_sets_fit():
@@ -87,7 +87,7 @@ def test_the_signal_is_off_by_default_and_returns_that_hit_clear_it():
     for _ in range(16):  # the programs come back to full hits
         for pid in ("a", "b"):
             c.turn_admitted(c.turn_arrived(meta(pid)), 200, cached_tokens=200)
-            c.turn_finished(meta(pid), context_tokens=200)
+            c.turn_finished(meta(pid), context_tokens=200, handle=f"lock-{pid}")
     assert not c.admission_control.thrashing
     assert not c.holds_back(c.turn_arrived(meta("new")), 100, 10_000, clock())
 
