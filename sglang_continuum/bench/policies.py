@@ -127,8 +127,10 @@ POLICIES: dict[str, tuple[list[str], dict[str, str]]] = {
 }
 HICACHE_FLAGS = ["--enable-hierarchical-cache"]
 # CPU servers: the direct io backend with the layer-first host layout (the one the CPU shim's
-# stand-in for sgl_kernel's transfer_kv_direct serves; see docs/cpu-shim.md)
-HICACHE_CPU_FLAGS = ["--hicache-io-backend", "direct", "--hicache-mem-layout", "layer_first"]
+# stand-in for sgl_kernel's transfer_kv_direct serves; see docs/cpu-shim.md), and SGLang's default
+# host/device ratio given explicitly: left to auto-sizing, SGLang refuses to start when less than
+# its 10 GiB reserve of host memory is free, however small the pool
+HICACHE_CPU_FLAGS = ["--hicache-io-backend", "direct", "--hicache-mem-layout", "layer_first", "--hicache-ratio", "2"]
 CPU_PROFILE = Path(__file__).resolve().parents[2] / "configs" / "profiles" / "cpu-tiny-llama.json"
 
 

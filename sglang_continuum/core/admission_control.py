@@ -2,10 +2,11 @@
 
 A first turn waits while the pool cannot hold the working sets of the programs already in flight
 (``ProgramRegistry``'s current contexts: programs with a turn waiting or running, and, by default,
-those out on a tool that hold a pin; ``working_set_follows_pins``) plus its prompt, or, with ``return_loss_threshold`` set
-(off by default), while returning programs are losing their contexts (``ReturnLossMeter``: the pool
-thrashes although today's contexts fit, because they grow). Bounded waiting still applies: an overdue first turn passes, up to
-``overdue_admission_overcommit`` pools of working sets. Later turns, continuations found by
+those out on a tool that hold a pin; ``working_set_follows_pins``) plus its prompt, or, with
+``return_loss_threshold`` set (off by default), while returning programs are losing their contexts
+(``ReturnLossMeter``: the pool thrashes although today's contexts fit, because they grow). Bounded
+waiting still applies: an overdue first turn passes, up to ``overdue_admission_overcommit`` pools
+of working sets. Later turns, continuations found by
 prefix and requests without a program id are never held (except by load control, an experimental
 setting off by default: while the pool thrashes, returning turns of the latest programs wait too);
 the adapter never asks when holding back would idle the engine.
