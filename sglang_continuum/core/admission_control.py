@@ -70,12 +70,7 @@ class AdmissionControl:
         if demand <= room and not self.thrashing:
             return False
         if idle:
-            if demand <= room * idle_limit:
-                return False
-            if not tag.held_back:
-                tag.held_back = True
-                self.counters.held_back += 1
-            return True
+            return demand > room * idle_limit and self._hold(tag, thrashing=False)
         if overdue():  # bounded waiting, within the overcommit limit
             limit = self.settings.overdue_admission_overcommit
             if limit <= 0 or demand <= room * limit:
@@ -84,10 +79,15 @@ class AdmissionControl:
                     self.counters.bypassed += 1
                 return False
             self.counters.bypass_refused += 1
+        return self._hold(tag, thrashing=demand <= room)
+
+    def _hold(self, tag: TurnTag, *, thrashing: bool) -> bool:
+        """Hold a first turn back, counted once per request (``thrashing``: its working sets fit,
+        the thrash signal holds it)."""
         if not tag.held_back:
             tag.held_back = True
             self.counters.held_back += 1
-            self.counters.held_back_thrashing += demand <= room
+            self.counters.held_back_thrashing += thrashing
         return True
 
     def _demand(self, request_tokens: int) -> int:
