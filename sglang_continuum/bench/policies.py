@@ -119,6 +119,10 @@ POLICIES: dict[str, tuple[list[str], dict[str, str]]] = {
         ["--schedule-policy", "continuum"],
         {"SGLANG_CONTINUUM_ADMISSION_EXPECTS_GROWTH": "1", "SGLANG_CONTINUUM_IDLE_ADMISSION_OVERCOMMIT": "1"},
     ),
+    # the overtaking bound tighter than the default's 32 (the starvation probe's tail)
+    "continuum-k8": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_MAX_OVERTAKES": "8"}),
+    "continuum-k16": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_MAX_OVERTAKES": "16"}),
+    "continuum-k32": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_MAX_OVERTAKES": "32"}),
     # the new bound's trigger in seconds instead of overtakes (everything else as shipped)
     "continuum-3s-only": (
         ["--schedule-policy", "continuum"],
