@@ -119,15 +119,10 @@ POLICIES: dict[str, tuple[list[str], dict[str, str]]] = {
         ["--schedule-policy", "continuum"],
         {"SGLANG_CONTINUUM_ADMISSION_EXPECTS_GROWTH": "1", "SGLANG_CONTINUUM_IDLE_ADMISSION_OVERCOMMIT": "1"},
     ),
-    # the overtaking bound (``max_overtakes``) at 8 / 16 / 32, a first turn let past admission control
-    # after ``admission_bypass_overtakes`` (32); ``-open``: as soon as it is overdue
+    # the overtaking bound tighter than the default's 32 (the starvation probe's tail)
     "continuum-k8": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_MAX_OVERTAKES": "8"}),
     "continuum-k16": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_MAX_OVERTAKES": "16"}),
     "continuum-k32": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_MAX_OVERTAKES": "32"}),
-    "continuum-k8-open": (
-        ["--schedule-policy", "continuum"],
-        {"SGLANG_CONTINUUM_MAX_OVERTAKES": "8", "SGLANG_CONTINUUM_ADMISSION_BYPASS_OVERTAKES": "0"},
-    ),
     # the new bound's trigger in seconds instead of overtakes (everything else as shipped)
     "continuum-3s-only": (
         ["--schedule-policy", "continuum"],

@@ -5,8 +5,8 @@ A first turn waits while the pool cannot hold the working sets of the programs a
 those out on a tool that hold a pin; ``working_set_follows_pins``) plus its prompt, or, with
 ``return_loss_threshold`` set (off by default), while returning programs are losing their contexts
 (``ReturnLossMeter``: the pool thrashes although today's contexts fit, because they grow). Bounded
-waiting still applies: a first turn overtaken ``admission_bypass_overtakes`` times (and overdue)
-passes, up to ``overdue_admission_overcommit`` pools of working sets. Later turns, continuations found by
+waiting still applies: an overdue first turn passes, up to ``overdue_admission_overcommit`` pools
+of working sets. Later turns, continuations found by
 prefix and requests without a program id are never held (except by load control, an experimental
 setting off by default: while the pool thrashes, returning turns of the latest programs wait too);
 the adapter never asks when holding back would idle the engine.
@@ -71,7 +71,7 @@ class AdmissionControl:
             return False
         if idle:
             return demand > room * idle_limit and self._hold(tag, thrashing=False)
-        if overdue():  # bounded waiting at the door, within the overcommit limit
+        if overdue():  # bounded waiting, within the overcommit limit
             limit = self.settings.overdue_admission_overcommit
             if limit <= 0 or demand <= room * limit:
                 if not tag.bypassed:

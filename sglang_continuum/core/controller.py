@@ -376,18 +376,8 @@ class ContinuumController:
         """Program-level admission control (``core/admission_control.py``) for a waiting turn;
         ``idle``: nothing else would run if it waited."""
         return self.admission_control.holds_back(
-            tag, request_tokens, capacity_tokens, lambda: self.may_pass_admission_control(tag, now), idle=idle
+            tag, request_tokens, capacity_tokens, lambda: self.is_overdue(tag, now), idle=idle
         )
-
-    def may_pass_admission_control(self, tag: TurnTag, now: float) -> bool:
-        """Bounded waiting at the door: overdue and (overtaking bound on) overtaken ``admission_bypass_overtakes``
-        times: a new program adds a working set to a pool that may not hold it, so it waits longer."""
-        if not self.is_overdue(tag, now):
-            return False
-        k = self.settings.admission_bypass_overtakes
-        if k <= 0 or self.settings.max_overtakes <= 0:
-            return True
-        return self.admission.admitted >= tag.overtake_base + k
 
     # -- host tier -----------------------------------------------------------------------
     def offload(self, pin: Pin) -> FinishOutcome:

@@ -70,13 +70,6 @@ class ContinuumSettings(BaseModel):
         description="optional absolute ceiling: a request waiting this long is overdue too; 0 = off (the default: "
         "a bound in seconds turns every turn overdue under overload)",
     )
-    admission_bypass_overtakes: int = Field(
-        32,
-        ge=0,
-        description="an overdue first turn passes admission control only once this many later arrivals were admitted "
-        "ahead of it (admission control overtakes a new program by design, to protect those in flight); below "
-        "max_overtakes, or 0, it passes as soon as it is overdue",
-    )
     overdue_admission_overcommit: float = Field(
         1.5,
         ge=0,

@@ -93,7 +93,7 @@ def test_the_signal_is_off_by_default_and_returns_that_hit_clear_it():
 
 
 def test_an_overdue_newcomer_still_passes_a_thrashing_pool_within_the_overcommit_limit():
-    c, clock = make(return_loss_threshold=0.5, max_overtakes=1, admission_bypass_overtakes=1)
+    c, clock = make(return_loss_threshold=0.5, max_overtakes=1)
     thrash(c)
     newcomer = c.turn_arrived(meta("new"))
     assert c.holds_back(newcomer, 100, 10_000, clock())
@@ -120,7 +120,7 @@ def test_load_control_needs_the_thrash_signal_and_yields_to_bounded_waiting():
     c, clock = make(load_control=True, max_overtakes=0)  # on, but no thrash signal (threshold 0)
     thrash(c, programs=("a", "b", "c"))
     assert not c.holds_back(c.turn_arrived(meta("c")), 200, 350, clock())
-    c, clock = make(return_loss_threshold=0.5, load_control=True, max_overtakes=1, admission_bypass_overtakes=1)
+    c, clock = make(return_loss_threshold=0.5, load_control=True, max_overtakes=1)
     thrash(c, programs=("a", "b", "c"))
     late = c.turn_arrived(meta("c"))
     assert c.holds_back(late, 200, 350, clock())

@@ -215,7 +215,7 @@ def test_bound_holds_with_program_order_off():
 
 
 def test_overdue_first_turn_passes_admission_control_within_the_overcommit_limit():
-    c, clock = make(max_overtakes=1, admission_bypass_overtakes=0, overdue_admission_overcommit=1.5)
+    c, clock = make(max_overtakes=1, overdue_admission_overcommit=1.5)
     for pid in ("a", "b"):
         c.turn_admitted(c.turn_arrived(turn(pid)), 400)  # 800 tokens in flight
     small = c.turn_arrived(turn("small"))
@@ -227,32 +227,6 @@ def test_overdue_first_turn_passes_admission_control_within_the_overcommit_limit
     assert not c.holds_back(small, 300, 1000, clock())  # 820 + 300 <= 1.5 x 1000: passes
     assert c.holds_back(big, 800, 1000, clock())  # 820 + 800 > 1.5 x 1000: still held back
     assert c.admission.bypassed == 1 and c.admission.bypass_refused == 1 and small.bypassed
-
-
-def test_an_overdue_first_turn_waits_at_the_door_until_the_bypass_bound():
-    c, clock = make(max_overtakes=2, admission_bypass_overtakes=4, overdue_admission_overcommit=0)
-    for pid in ("a", "b"):
-        c.turn_admitted(c.turn_arrived(turn(pid)), 400)  # 800 tokens in flight
-    new = c.turn_arrived(turn("new"))
-    returning = c.turn_arrived(turn("a"))  # a later turn: never held at the door
-    for i in range(2):
-        c.turn_admitted(c.turn_arrived(turn(f"o{i}")), 10)
-    assert c.is_overdue(new, clock()) and c.is_overdue(returning, clock())  # the order bound: 2
-    assert c.holds_back(new, 300, 1000, clock()) and not c.holds_back(returning, 300, 1000, clock())
-    c.turn_admitted(c.turn_arrived(turn("o2")), 10)
-    assert c.holds_back(new, 300, 1000, clock())  # overtaken 3 times: still at the door
-    c.turn_admitted(c.turn_arrived(turn("o3")), 10)
-    assert not c.holds_back(new, 300, 1000, clock()) and new.bypassed  # 4: let past admission control
-    assert c.admission.bypassed == 1
-
-
-def test_with_the_overtaking_bound_off_an_overdue_first_turn_passes_on_the_ceiling_alone():
-    c, clock = make(max_overtakes=0, max_queue_wait_s=5.0, admission_bypass_overtakes=32)
-    c.turn_admitted(c.turn_arrived(turn("a")), 900)
-    new = c.turn_arrived(turn("new"))
-    assert c.holds_back(new, 300, 1000, clock())
-    clock.advance(5.0)
-    assert not c.holds_back(new, 300, 1000, clock())  # the 3 s bound's ablations stay what they were
 
 
 def test_pins_only_ablation_orders_by_request_arrival_alone():
