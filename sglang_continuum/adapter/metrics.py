@@ -25,6 +25,7 @@ def gauge_values(
         "programs_in_flight": controller.programs.working_programs,
         "working_set_tokens": controller.programs.working_set_tokens,
         "return_loss_ratio": controller.admission_control.return_loss.ratio,
+        "overtake_budget": controller.bounded.budget(),
         "programs_held_back": held_back,
         "oldest_wait_seconds": oldest_wait_s,
         "host_pinned_programs": len(host),

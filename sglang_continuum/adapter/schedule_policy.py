@@ -170,10 +170,10 @@ class ContinuumSchedulePolicy(SchedulePolicy):
         setattr(req, KEY_ATTR, key)
         tag = get_tag(req)
         controller = self.continuum_cache.controller
-        due = controller.overdue_at(tag)
+        due = controller.bounded.overdue_at(tag)
         if due is not None and due > now:
             heapq.heappush(self._due, (due, tag.request_rank, req))
-        after = controller.overdue_after(tag)
+        after = controller.bounded.overdue_after(tag)
         if after is not None and after > controller.admission.admitted:
             heapq.heappush(self._due_admitted, (after, tag.request_rank, req))
         return key

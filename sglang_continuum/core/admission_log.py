@@ -1,7 +1,8 @@
 """Per-request admission records (``admission_log_path``): which requests waited, and why.
 
 One JSON line per admitted request: its program and turn index, how long it waited, how many
-later arrivals were admitted ahead of it, whether it was overdue, held back by admission control
+later arrivals were admitted ahead of it and how many would make it overdue (its overtaking
+budget), whether it was overdue, held back by admission control
 or let past it. Written by the scheduler (buffered, flushed when the engine idles and at
 shutdown), read by the benchmark and the reliability suite. A debugging aid, off by default;
 bounded by ``max_records`` so a forgotten setting cannot fill a disk.
@@ -83,7 +84,20 @@ def summarize_admissions(records: list[dict], *, slowest: int = 10) -> dict:
         "mean_wait_later_turns_s": float(np.mean(later)) if later else 0.0,
         "max_overtaken": int(max(r["overtaken"] for r in records)),
         "slowest": [
-            {k: r[k] for k in ("rid", "program_id", "turn", "wait_s", "overtaken", "overdue", "held_back", "bypassed")}
+            {
+                k: r.get(k)
+                for k in (
+                    "rid",
+                    "program_id",
+                    "turn",
+                    "wait_s",
+                    "overtaken",
+                    "overtake_budget",
+                    "overdue",
+                    "held_back",
+                    "bypassed",
+                )
+            }
             for r in worst
         ],
     }

@@ -20,6 +20,7 @@ import logging
 from typing import Callable, Optional
 
 from sglang_continuum.core.admission_control import AdmissionControl
+from sglang_continuum.core.bounded_waiting import BoundedWaiting
 from sglang_continuum.core.clock import Clock
 from sglang_continuum.core.counters import (
     SHED_REASONS,
@@ -87,6 +88,7 @@ class ContinuumController:
         self.share_sample: Optional[Callable[[str, str, float], None]] = None
         self.last_admission: Optional[AdmissionRecord] = None  # the latest turn_admitted's record
         self.admission_control = AdmissionControl(settings, self.programs, self.admission)
+        self.bounded = BoundedWaiting(settings, self.admission, self.admission_control.return_loss)
 
     def attach_host_tier(self, *, reload: ReloadCost, host_budget_tokens: int, hold_cost: float) -> None:
         """HiCache is on: misses reload instead of recomputing, and host pins may hold
@@ -100,10 +102,11 @@ class ContinuumController:
         """A turn entered the waiting queue behind ``waiting_ahead`` requests."""
         rank = next(self._rank)
         now = self.clock()
-        base = self.admission.admitted + max(0, waiting_ahead)
         self.identity.count(meta.identified_by)
         if not meta.has_program:
-            return TurnTag(meta, rank, rank, now, queued_at=now, overtake_base=base)
+            tag = TurnTag(meta, rank, rank, now)
+            self.bounded.enter(tag, now, waiting_ahead)
+            return tag
         state, ret = self.programs.turn_arrived(meta.program_id, now, rank)
         if state.turns_arrived == 1:
             state.first_step = meta.step
@@ -115,15 +118,14 @@ class ContinuumController:
             state.pin_shed = False
             self.sheds.returned += 1
         miss = state.turns_arrived > 1 and meta.program_id not in self.pins
-        return TurnTag(
-            meta, rank, state.arrival_rank, now, miss, turn=state.turns_arrived, queued_at=now, overtake_base=base
-        )
+        tag = TurnTag(meta, rank, state.arrival_rank, now, miss, turn=state.turns_arrived)
+        self.bounded.enter(tag, now, waiting_ahead)
+        return tag
 
     def turn_requeued(self, tag: TurnTag, *, waiting_ahead: int = 0) -> None:
         """A retracted turn is back in the queue: its wait starts again (time spent running is
         not waiting)."""
-        tag.queued_at = self.clock()
-        tag.overtake_base = self.admission.admitted + max(0, waiting_ahead)
+        self.bounded.enter(tag, self.clock(), waiting_ahead)
 
     def turn_admitted(self, tag: TurnTag, context_tokens: int, cached_tokens: Optional[int] = None) -> Optional[Pin]:
         """The turn was admitted and holds its own lock on its prefix: consume the program's pin
@@ -140,7 +142,8 @@ class ContinuumController:
             tag.meta.program_id,
             tag.turn,
             now - tag.queued_at,
-            max(0, self.admission.admitted - tag.overtake_base),
+            self.bounded.overtaken(tag),
+            tag.overtake_budget,
             overdue,
             tag.held_back,
             tag.bypassed,
@@ -351,24 +354,9 @@ class ContinuumController:
         )
 
     def is_overdue(self, tag: TurnTag, now: float) -> bool:
-        """Bounded waiting: ``max_overtakes`` later arrivals were admitted ahead of it (a bound
-        in the engine's own pace: seconds on a fast engine, longer when it slows down), or the
-        optional absolute ceiling ``max_queue_wait_s`` passed."""
-        due = self.overdue_after(tag)
-        if due is not None and self.admission.admitted >= due:
-            return True
-        at = self.overdue_at(tag)
-        return at is not None and now >= at
-
-    def overdue_after(self, tag: TurnTag) -> Optional[int]:
-        """The admission count at which ``tag`` becomes overdue (None: no overtaking bound)."""
-        k = self.settings.max_overtakes
-        return tag.overtake_base + k if k > 0 else None
-
-    def overdue_at(self, tag: TurnTag) -> Optional[float]:
-        """The time at which ``tag`` becomes overdue (None: no absolute ceiling)."""
-        limit = self.settings.max_queue_wait_s
-        return tag.queued_at + limit if limit > 0 else None
+        """Bounded waiting (``core/bounded_waiting.py``): overtaken by its budget of later
+        arrivals, or past the optional absolute ceiling."""
+        return self.bounded.is_overdue(tag, now)
 
     def holds_back(
         self, tag: TurnTag, request_tokens: int, capacity_tokens: int, now: float, *, idle: bool = False

@@ -53,8 +53,13 @@ class ReturnLossMeter:
         return self._lost / self._previous if self._previous else 0.0
 
     @property
+    def ready(self) -> bool:
+        """Enough returning turns in the window for the ratio to mean something."""
+        return len(self._samples) >= self.min_samples
+
+    @property
     def thrashing(self) -> bool:
-        return self.threshold > 0 and len(self._samples) >= self.min_samples and self.ratio > self.threshold
+        return self.threshold > 0 and self.ready and self.ratio > self.threshold
 
     def reset(self) -> None:
         """The cache was flushed: the losses it causes say nothing about the pool's load."""

@@ -56,6 +56,13 @@ SERIES: tuple[Series, ...] = (
         "Share of returning programs' previous contexts found gone (last return_loss_window turns): the thrash signal.",
     ),
     Series(
+        "overtake_budget",
+        "gauge",
+        "gauge.overtake_budget",
+        "Later arrivals that may be admitted ahead of a request entering the queue now before it is overdue "
+        "(max_overtakes, down to min_overtakes as the return loss rises; 0: no bound).",
+    ),
+    Series(
         "oldest_wait_seconds", "gauge", "gauge.oldest_wait_seconds", "How long the oldest waiting request has waited."
     ),
     # pin counters

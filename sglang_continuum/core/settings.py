@@ -62,7 +62,16 @@ class ContinuumSettings(BaseModel):
         32,
         ge=0,
         description="bounded waiting: a request is overdue once this many requests that arrived after it were "
-        "admitted ahead of it (a bound in the engine's own pace); 0 = off",
+        "admitted ahead of it (a bound in the engine's own pace), while returning programs find their contexts "
+        "cached; 0 = off",
+    )
+    min_overtakes: int = Field(
+        8,
+        ge=0,
+        description="the overtaking budget when returning programs find none of their contexts (return loss 1); "
+        "from a return loss of 0.5 (the pool thrashes) it falls linearly from max_overtakes to this, since being "
+        "overtaken buys a request nothing when the pool keeps no locality anyway; capped at max_overtakes "
+        "(equal: a fixed budget)",
     )
     max_queue_wait_s: float = Field(
         0.0,

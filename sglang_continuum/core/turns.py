@@ -24,8 +24,11 @@ class TurnTag:
     # Bounded waiting. ``queued_at``: when it (re-)entered the queue (a retraction restarts it).
     # ``overtake_base``: admissions counted when it (re-)entered plus the requests already
     # waiting then (those go first under FCFS too); admissions beyond that overtook it.
+    # ``overtake_budget``: how many overtakes make it overdue, fixed when it (re-)entered so that
+    # its key changes only at known events (0: no bound).
     queued_at: float = 0.0
     overtake_base: int = 0
+    overtake_budget: int = 0
     bypassed: bool = False  # admitted past admission control because it was overdue
 
 
@@ -38,6 +41,7 @@ class AdmissionRecord:
     turn: int
     wait_s: float  # from (re-)entering the queue to admission
     overtaken: int  # requests that arrived after it and were admitted ahead of it (approximate)
+    overtake_budget: int  # the overtakes that made it overdue (fixed when it entered the queue; 0: no bound)
     overdue: bool  # it was overdue when admitted
     held_back: bool  # admission control held it back at least once
     bypassed: bool  # admitted past admission control because it was overdue

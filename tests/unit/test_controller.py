@@ -185,7 +185,7 @@ def test_overtaking_bound_counts_later_arrivals_admitted_ahead():
         c.turn_admitted(tag, 10)
     for tag in later[:2]:
         c.turn_admitted(tag, 10)
-    assert not c.is_overdue(held, clock()) and c.overdue_after(held) == 5
+    assert not c.is_overdue(held, clock()) and c.bounded.overdue_after(held) == 5
     c.turn_admitted(later[2], 10)  # the third later arrival admitted ahead of it
     assert c.is_overdue(held, clock())
     c.turn_admitted(held, 10)

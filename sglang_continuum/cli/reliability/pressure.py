@@ -185,6 +185,7 @@ def probe_pressure(ctx: Ctx) -> ProbeResult:
     if adm:
         slow = "; ".join(
             f"{r['program_id']} turn {r['turn']}: waited {r['wait_s']:.2f}s, overtaken {r['overtaken']}"
+            + (f" (budget {r['overtake_budget']})" if r.get("overtake_budget") else "")
             + (", overdue" if r["overdue"] else "")
             + (", held back" if r["held_back"] else "")
             + (", passed admission control overdue" if r["bypassed"] else "")
