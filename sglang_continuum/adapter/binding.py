@@ -285,10 +285,12 @@ def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
     policy.admission = admission  # read by tests: the last selection's blocked turn
     _save_stats_on_sigterm(cache)
     logger.info(
-        "continuum: active (ttl_model=%s, pin budget=%d tokens, overdue after %d overtakes%s, admission control %s)",
+        "continuum: active (ttl_model=%s, pin budget=%d tokens, overdue after %d overtakes (%d while the pool "
+        "thrashes)%s, admission control %s)",
         cache.settings.ttl_model,
         controller.pins.budget_tokens,
         cache.settings.max_overtakes,
+        min(cache.settings.min_overtakes, cache.settings.max_overtakes),
         f" or {cache.settings.max_queue_wait_s:g}s" if cache.settings.max_queue_wait_s > 0 else "",
         "on" if cache.settings.admission_control else "off",
     )

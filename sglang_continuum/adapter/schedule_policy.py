@@ -11,7 +11,7 @@ placed with (stored on the request), and a step does only:
 * pin changes: the requests of the programs whose pin changed since the last step (the pin
   table's change log; an index program -> placed requests), moved;
 * overdue: requests whose bound passed, moved: a heap by the admission count at which they are
-  overtaken ``max_overtakes`` times, and one by due time for the optional absolute ceiling.
+  overtaken as many times as their budget, and one by due time for the optional absolute ceiling.
 
 A request is found in the queue by bisecting on its placed key (keys are unique: they end in the
 request's arrival rank), so a request that has left is simply not found. Anything not known

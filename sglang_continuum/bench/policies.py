@@ -33,7 +33,9 @@ consequences), ``-3s-rank-shed``, ``-3s-pinned-first``, ``-3s-no-bypass`` (each 
 ``working_set_window_s``: the default before),
 ``continuum-growth`` (admission reserves the mean final context of ended programs per program; ``-ws-pins``
 with that too), ``continuum-growth-idle`` / ``-strict`` (and holds first turns even when the engine would
-idle, past 1.5 / 1 pools), ``continuum-k8`` / ``-k16`` (``max_overtakes`` 8 / 16 instead of 32).
+idle, past 1.5 / 1 pools), ``continuum-k8`` / ``-k16`` / ``-k32`` (a fixed overtaking budget of 8 / 16 / 32
+instead of one that falls from 32 to 8 as the pool thrashes; ``-k32`` is the default before the budget
+followed the return loss).
 Any policy with ``+hicache`` adds SGLang's host tier (``--enable-hierarchical-cache``) and is
 compared with ``fcfs+hicache``.
 """
@@ -119,9 +121,10 @@ POLICIES: dict[str, tuple[list[str], dict[str, str]]] = {
         ["--schedule-policy", "continuum"],
         {"SGLANG_CONTINUUM_ADMISSION_EXPECTS_GROWTH": "1", "SGLANG_CONTINUUM_IDLE_ADMISSION_OVERCOMMIT": "1"},
     ),
-    # the overtaking bound tighter than the default's 32: a shorter tail, slower past capacity
+    # a fixed overtaking budget (the default's falls from 32 to 8 as the return loss passes 0.5)
     "continuum-k8": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_MAX_OVERTAKES": "8"}),
     "continuum-k16": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_MAX_OVERTAKES": "16"}),
+    "continuum-k32": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_MIN_OVERTAKES": "32"}),
     # the new bound's trigger in seconds instead of overtakes (everything else as shipped)
     "continuum-3s-only": (
         ["--schedule-policy", "continuum"],

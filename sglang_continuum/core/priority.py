@@ -6,7 +6,7 @@ Keys, in order (smaller first):
    and frees the pin's memory);
 3. overdue requests, oldest first: no request waits unboundedly behind programs that keep
    coming back (what makes a request overdue is the controller's business: by default being
-   overtaken by ``max_overtakes`` later arrivals);
+   overtaken by its budget of later arrivals, ``core/bounded_waiting.py``);
 4. program arrival (the program's first turn), then request arrival.
 A request with no program id is a program of its own that arrived with it, so a queue with no
 program ids at all keeps pure FCFS order. With ``program_order`` off (the pins-only ablation)

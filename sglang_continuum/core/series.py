@@ -109,7 +109,7 @@ SERIES: tuple[Series, ...] = (
         "overdue_admitted",
         "counter",
         "admission.overdue_admitted",
-        "Requests that were overdue (overtaken max_overtakes times, or past max_queue_wait_s) when admitted.",
+        "Requests that were overdue (overtaken as many times as their budget, or past max_queue_wait_s) when admitted.",
     ),
     Series(
         "admission_bypassed",

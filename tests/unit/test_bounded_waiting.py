@@ -1,0 +1,81 @@
+"""The overtaking budget follows the return loss: full while the pool keeps locality, down to
+``min_overtakes`` as it thrashes, fixed per request when it enters the queue."""
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sglang_continuum.core.bounded_waiting import THRASH_LOSS, BoundedWaiting
+from sglang_continuum.core.clock import ManualClock
+from sglang_continuum.core.controller import ContinuumController
+from sglang_continuum.core.counters import AdmissionCounters
+from sglang_continuum.core.metadata import ProgramMeta
+from sglang_continuum.core.return_loss import ReturnLossMeter
+from sglang_continuum.core.settings import ContinuumSettings
+
+
+def waiting(loss: float, samples: int = 32, **kw) -> BoundedWaiting:
+    meter = ReturnLossMeter(window=32)
+    for _ in range(samples):
+        meter.observe(1000, round(1000 * (1.0 - loss)))
+    return BoundedWaiting(ContinuumSettings(**kw), AdmissionCounters(), meter)
+
+
+def test_budget_is_full_while_the_pool_keeps_locality():
+    assert waiting(0.0).budget() == 32
+    assert waiting(THRASH_LOSS).budget() == 32
+    assert waiting(1.0, samples=7).budget() == 32  # too few returns to tell: no judgement yet
+
+
+def test_budget_falls_linearly_with_the_return_loss_past_thrash():
+    assert waiting(0.75).budget() == 20  # halfway from 0.5 to 1: halfway from 32 to 8
+    assert waiting(1.0).budget() == 8
+    assert waiting(1.0, min_overtakes=32).budget() == 32  # equal: a fixed budget
+    assert waiting(1.0, max_overtakes=3).budget() == 3  # the floor is capped at the ceiling
+    assert waiting(1.0, max_overtakes=0).budget() == 0  # no bound at all
+
+
+@given(
+    losses=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=64),
+    k_max=st.integers(0, 64),
+    k_min=st.integers(0, 64),
+)
+def test_budget_stays_between_floor_and_ceiling(losses, k_max, k_min):
+    meter = ReturnLossMeter(window=32)
+    bounded = BoundedWaiting(ContinuumSettings(max_overtakes=k_max, min_overtakes=k_min), AdmissionCounters(), meter)
+    for loss in losses:
+        meter.observe(1000, round(1000 * (1.0 - loss)))
+        budget = bounded.budget()
+        if k_max == 0:
+            assert budget == 0
+        else:
+            assert min(k_min, k_max) <= budget <= k_max
+            assert budget == k_max or meter.ratio > THRASH_LOSS
+
+
+def thrash(c: ContinuumController, programs: int = 8) -> None:
+    """Programs come back and find none of their contexts (the starvation probe's pool)."""
+    for i in range(programs):
+        pid = f"t{i}"
+        c.turn_admitted(c.turn_arrived(ProgramMeta(pid, False, None)), 500)
+        c.turn_finished(ProgramMeta(pid, False, None), context_tokens=500, handle=None)
+        c.turn_admitted(c.turn_arrived(ProgramMeta(pid, False, None)), 600, cached_tokens=0)
+
+
+def test_a_late_request_is_overdue_sooner_once_the_pool_thrashes():
+    c = ContinuumController(ContinuumSettings(ttl_model="fixed"), clock=ManualClock(), budget_tokens=10_000)
+    before = c.turn_arrived(ProgramMeta("before", False, None))
+    assert before.overtake_budget == 32
+    thrash(c)
+    assert c.admission_control.return_loss.ratio == 1.0 and c.bounded.budget() == 8
+    late = c.turn_arrived(ProgramMeta("late", False, None))
+    assert late.overtake_budget == 8
+    for i in range(8):
+        assert not c.is_overdue(late, 0.0)
+        c.turn_admitted(c.turn_arrived(ProgramMeta(f"o{i}", False, None)), 10)
+    assert c.is_overdue(late, 0.0)
+    # the request that entered while the pool kept locality keeps its budget (its key changes only
+    # at events the incremental order knows): 24 later arrivals overtook it so far
+    assert before.overtake_budget == 32 and not c.is_overdue(before, 0.0)
+    c.turn_admitted(late, 10)
+    assert c.last_admission.overtaken == 8 and c.last_admission.overtake_budget == 8
+    c.check_integrity()
