@@ -11,8 +11,10 @@ are still there when they come back. While the pool keeps locality the budget is
 their contexts, ``ReturnLossMeter``) being overtaken buys the late request nothing, so the budget
 falls linearly with the return loss to ``min_overtakes`` (everything lost). A tighter budget
 spreads service and can raise the loss further, so the floor is a budget that is safe on its
-own. A request's budget is fixed when it enters the queue, so its key changes only at events the
-adapter's incremental order knows (``adapter/schedule_policy.py``).
+own. A program's first turn keeps ``max_overtakes``: an overdue first turn may pass admission
+control, and while the pool thrashes keeping new programs at the door is the load control it
+needs most. A request's budget is fixed when it enters the queue, so its key changes only at
+events the adapter's incremental order knows (``adapter/schedule_policy.py``).
 """
 
 from __future__ import annotations
@@ -36,11 +38,12 @@ class BoundedWaiting:
         self.admission = admission  # its ``admitted`` is the clock overtakes are counted on
         self.return_loss = return_loss
 
-    def budget(self) -> int:
-        """Later arrivals that may be admitted ahead of a request entering the queue now (0: no bound)."""
+    def budget(self, *, first_turn: bool = False) -> int:
+        """Later arrivals that may be admitted ahead of a request entering the queue now (0: no
+        bound); ``first_turn``: a program's first turn, which keeps the full budget."""
         k_max = self.settings.max_overtakes
-        if k_max <= 0:
-            return 0
+        if k_max <= 0 or first_turn:
+            return k_max
         k_min = min(self.settings.min_overtakes, k_max)
         loss = self.return_loss.ratio
         if not self.return_loss.ready or loss <= THRASH_LOSS:
@@ -55,7 +58,7 @@ class BoundedWaiting:
         starts afresh (time spent running is not waiting)."""
         tag.queued_at = now
         tag.overtake_base = self.admission.admitted + max(0, waiting_ahead)
-        tag.overtake_budget = self.budget()
+        tag.overtake_budget = self.budget(first_turn=tag.meta.has_program and tag.turn == 1)
 
     def overtaken(self, tag: TurnTag) -> int:
         """Later arrivals admitted ahead of ``tag`` so far (approximate)."""

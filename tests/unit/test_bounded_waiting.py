@@ -63,19 +63,24 @@ def thrash(c: ContinuumController, programs: int = 8) -> None:
 
 def test_a_late_request_is_overdue_sooner_once_the_pool_thrashes():
     c = ContinuumController(ContinuumSettings(ttl_model="fixed"), clock=ManualClock(), budget_tokens=10_000)
+    late = ProgramMeta("late", False, None)
+    c.turn_admitted(c.turn_arrived(late), 500)
+    c.turn_finished(late, context_tokens=500, handle=None)  # out on a tool
     before = c.turn_arrived(ProgramMeta("before", False, None))
     assert before.overtake_budget == 32
     thrash(c)
     assert c.admission_control.return_loss.ratio == 1.0 and c.bounded.budget() == 8
-    late = c.turn_arrived(ProgramMeta("late", False, None))
-    assert late.overtake_budget == 8
+    again = c.turn_arrived(late)  # the late program's next turn, while the pool thrashes
+    assert again.turn == 2 and again.overtake_budget == 8
+    new = c.turn_arrived(ProgramMeta("new", False, None))
+    assert new.overtake_budget == 32  # a first turn keeps the full budget: the door is load control
     for i in range(8):
-        assert not c.is_overdue(late, 0.0)
+        assert not c.is_overdue(again, 0.0)
         c.turn_admitted(c.turn_arrived(ProgramMeta(f"o{i}", False, None)), 10)
-    assert c.is_overdue(late, 0.0)
+    assert c.is_overdue(again, 0.0) and not c.is_overdue(new, 0.0)
     # the request that entered while the pool kept locality keeps its budget (its key changes only
     # at events the incremental order knows): 24 later arrivals overtook it so far
     assert before.overtake_budget == 32 and not c.is_overdue(before, 0.0)
-    c.turn_admitted(late, 10)
+    c.turn_admitted(again, 510, cached_tokens=0)
     assert c.last_admission.overtaken == 8 and c.last_admission.overtake_budget == 8
     c.check_integrity()
