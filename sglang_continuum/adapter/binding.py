@@ -285,8 +285,8 @@ def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
     policy.admission = admission  # read by tests: the last selection's blocked turn
     _save_stats_on_sigterm(cache)
     logger.info(
-        "continuum: active (ttl_model=%s, pin budget=%d tokens, overdue after %d overtakes (%d while the pool "
-        "thrashes)%s, admission control %s)",
+        "continuum: active (ttl_model=%s, pin budget=%d tokens, overdue after %d overtakes (down to %d as the "
+        "pool thrashes)%s, admission control %s)",
         cache.settings.ttl_model,
         controller.pins.budget_tokens,
         cache.settings.max_overtakes,
