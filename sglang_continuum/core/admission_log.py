@@ -3,9 +3,9 @@
 One JSON line per admitted request: its program and turn index, how long it waited, how many
 later arrivals were admitted ahead of it and how many would make it overdue (its overtaking
 budget), whether it was overdue, held back by admission control or let past it. Written by the
-scheduler (buffered, flushed when the engine idles and at
-shutdown), read by the benchmark and the reliability suite. A debugging aid, off by default;
-bounded by ``max_records`` so a forgotten setting cannot fill a disk.
+scheduler (buffered, flushed when the engine idles and at shutdown), read by the benchmark and
+the reliability suite. A debugging aid, off by default; bounded by ``max_records`` so a forgotten
+setting cannot fill a disk.
 """
 
 from __future__ import annotations
