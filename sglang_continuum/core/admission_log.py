@@ -21,6 +21,18 @@ import orjson
 from sglang_continuum.core.turns import AdmissionRecord
 
 logger = logging.getLogger(__name__)
+# what a report shows of each of the slowest requests (``get``: logs written before a field existed)
+SLOWEST_FIELDS = (
+    "rid",
+    "program_id",
+    "turn",
+    "wait_s",
+    "overtaken",
+    "overtake_budget",
+    "overdue",
+    "held_back",
+    "bypassed",
+)
 
 
 class AdmissionLog:
@@ -83,21 +95,5 @@ def summarize_admissions(records: list[dict], *, slowest: int = 10) -> dict:
         "mean_wait_first_turn_s": float(np.mean(first)) if first else 0.0,
         "mean_wait_later_turns_s": float(np.mean(later)) if later else 0.0,
         "max_overtaken": int(max(r["overtaken"] for r in records)),
-        "slowest": [
-            {
-                k: r.get(k)
-                for k in (
-                    "rid",
-                    "program_id",
-                    "turn",
-                    "wait_s",
-                    "overtaken",
-                    "overtake_budget",
-                    "overdue",
-                    "held_back",
-                    "bypassed",
-                )
-            }
-            for r in worst
-        ],
+        "slowest": [{k: r.get(k) for k in SLOWEST_FIELDS} for r in worst],
     }
