@@ -67,7 +67,7 @@ class ContinuumSettings(BaseModel):
     )
     min_overtakes: int = Field(
         8,
-        ge=0,
+        ge=1,  # a budget of 0 reads as "no bound": a floor of 0 would unbound the thrashing pool's turns
         description="the overtaking budget when returning programs find none of their contexts (return loss 1); "
         "from a return loss of 0.5 (the pool thrashes) it falls linearly from max_overtakes to this, since being "
         "overtaken buys a request nothing when the pool keeps no locality anyway; capped at max_overtakes "

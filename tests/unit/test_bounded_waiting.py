@@ -1,8 +1,10 @@
 """The overtaking budget follows the return loss: full while the pool keeps locality, down to
 ``min_overtakes`` as it thrashes, fixed per request when it enters the queue."""
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from sglang_continuum.core.bounded_waiting import THRASH_LOSS, BoundedWaiting
 from sglang_continuum.core.clock import ManualClock
@@ -34,10 +36,17 @@ def test_budget_falls_linearly_with_the_return_loss_past_thrash():
     assert waiting(1.0, max_overtakes=0).budget() == 0  # no bound at all
 
 
+def test_a_floor_of_zero_is_refused():
+    # budget 0 means "no bound" (overdue_after), so a floor of 0 would unbound exactly the turns of a
+    # thrashing pool, the opposite of what the setting asks for
+    with pytest.raises(ValidationError, match="min_overtakes"):
+        ContinuumSettings(min_overtakes=0)
+
+
 @given(
     losses=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=64),
     k_max=st.integers(0, 64),
-    k_min=st.integers(0, 64),
+    k_min=st.integers(1, 64),
 )
 def test_budget_stays_between_floor_and_ceiling(losses, k_max, k_min):
     meter = ReturnLossMeter(window=32)
@@ -48,7 +57,7 @@ def test_budget_stays_between_floor_and_ceiling(losses, k_max, k_min):
         if k_max == 0:
             assert budget == 0
         else:
-            assert min(k_min, k_max) <= budget <= k_max
+            assert 1 <= min(k_min, k_max) <= budget <= k_max  # never 0, which means no bound
             assert budget == k_max or meter.ratio > THRASH_LOSS
 
 
