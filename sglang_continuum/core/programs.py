@@ -77,7 +77,9 @@ class ProgramRegistry:
         # the contexts programs had when they ended or were forgotten: how far a program grows
         self._final_contexts: deque[int] = deque(maxlen=final_context_window)
         self._final_sum = 0
-        self._reserved: Optional[tuple[int, int]] = None  # (expected context, tokens) while nothing changed
+        # working programs below the expected final context E: [E, count, tokens], kept up to date on
+        # every context change and rebuilt (O(working set)) only when E moves, i.e. when a program ends
+        self._short: Optional[list[int]] = None
 
     def __len__(self) -> int:
         return len(self._programs)
@@ -99,13 +101,15 @@ class ProgramRegistry:
         return self._final_sum // n if n else 0
 
     def reserved_tokens(self) -> int:
-        """What the working set will need: each program in it at least the expected final context
-        (O(working set) once after each change, then cached)."""
+        """What the working set will need: each program in it at least the expected final context,
+        ``sum(max(context, E))`` = today's tokens plus the shortfall of those below E (O(1); O(working
+        set) once after E moved)."""
         expected = self.expected_final_context
-        if self._reserved is None or self._reserved[0] != expected:
-            total = sum(max(self._programs[pid].context_tokens, expected) for pid in self._working)
-            self._reserved = (expected, total)
-        return self._reserved[1]
+        if self._short is None or self._short[0] != expected:
+            below = [c for pid in self._working if (c := self._programs[pid].context_tokens) < expected]
+            self._short = [expected, len(below), sum(below)]
+        _, count, tokens = self._short
+        return self.working_set_tokens + expected * count - tokens
 
     # -- events --------------------------------------------------------------------------
     def turn_arrived(self, program_id: str, now: float, rank: int) -> tuple[ProgramState, Optional[ToolReturn]]:
@@ -226,14 +230,21 @@ class ProgramRegistry:
         if state.program_id in self._working:
             self._working.move_to_end(state.program_id)
 
+    def _count_short(self, tokens: int, sign: int) -> None:
+        short = self._short
+        if short is not None and tokens < short[0]:
+            short[1] += sign
+            short[2] += sign * tokens
+
     def _set_context(self, state: ProgramState, tokens: int) -> None:
-        self._reserved = None
         if state.program_id in self._working:
             self.working_set_tokens += tokens - state.context_tokens
+            self._count_short(state.context_tokens, -1)
             self._working.move_to_end(state.program_id)
         else:
             self.working_set_tokens += tokens
             self._working[state.program_id] = None
+        self._count_short(tokens, +1)
         state.context_tokens = tokens
 
     def working_set_tokens_ranked_before(self, rank: int) -> int:
@@ -244,7 +255,7 @@ class ProgramRegistry:
     def _leave_working_set(self, state: ProgramState) -> None:
         if self._working.pop(state.program_id, 0) is None:
             self.working_set_tokens -= state.context_tokens
-            self._reserved = None
+            self._count_short(state.context_tokens, -1)
 
     def _record_final_context(self, state: ProgramState) -> None:
         if state.context_tokens <= 0:
