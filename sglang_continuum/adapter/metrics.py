@@ -24,6 +24,8 @@ def gauge_values(
         "tracked_programs": len(controller.programs),
         "programs_in_flight": controller.programs.working_programs,
         "working_set_tokens": controller.programs.working_set_tokens,
+        "working_set_reserved_tokens": controller.admission_control.reserved_tokens(),
+        "expected_final_context_tokens": controller.programs.expected_final_context,
         "return_loss_ratio": controller.admission_control.return_loss.ratio,
         "overtake_budget": controller.bounded.budget(),
         "programs_held_back": held_back,

@@ -31,8 +31,9 @@ consequences), ``-3s-rank-shed``, ``-3s-pinned-first``, ``-3s-no-bypass`` (each 
 ``continuum-ws-pins`` (the working set counts a program out on a tool only while it is pinned: the default since
 2026-11-24, so the same as ``continuum``), ``continuum-ws-window`` (every program seen in the last
 ``working_set_window_s``: the default before),
-``continuum-growth`` (admission reserves the mean final context of ended programs per program; ``-ws-pins``
-with that too), ``continuum-growth-idle`` / ``-strict`` (and holds first turns even when the engine would
+``continuum-growth`` (admission reserves the mean final context of ended programs per program: the default
+since 2026-11-24, so the same as ``continuum``; ``-ws-pins`` with that too), ``continuum-no-growth`` (admission
+by today's contexts: the default before), ``continuum-growth-idle`` / ``-strict`` (and holds first turns even when the engine would
 idle, past 1.5 / 1 pools), ``continuum-k8`` / ``-k16`` / ``-k32`` (a fixed overtaking budget of 8 / 16 / 32
 instead of one that falls from 32 to 8 as the pool thrashes; ``-k32`` is the default before the budget
 followed the return loss).
@@ -107,8 +108,11 @@ POLICIES: dict[str, tuple[list[str], dict[str, str]]] = {
     # default since 2026-11-24 (``continuum`` is the same); ``-ws-window`` is the default before it
     "continuum-ws-pins": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_WORKING_SET_FOLLOWS_PINS": "1"}),
     "continuum-ws-window": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_WORKING_SET_FOLLOWS_PINS": "0"}),
-    # admission control expects every program to grow to the mean final context of those that ended
+    # admission control expects every program to grow to the mean final context of those that ended:
+    # the default since 2026-11-24 (``continuum-growth`` is the same); ``-no-growth`` sizes programs by
+    # today's contexts, the default before
     "continuum-growth": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_ADMISSION_EXPECTS_GROWTH": "1"}),
+    "continuum-no-growth": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_ADMISSION_EXPECTS_GROWTH": "0"}),
     "continuum-growth-ws-pins": (
         ["--schedule-policy", "continuum"],
         {"SGLANG_CONTINUUM_ADMISSION_EXPECTS_GROWTH": "1", "SGLANG_CONTINUUM_WORKING_SET_FOLLOWS_PINS": "1"},

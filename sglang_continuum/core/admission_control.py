@@ -1,8 +1,9 @@
 """Program-level admission control: when a new program's first turn may start.
 
 A first turn waits while the pool cannot hold the working sets of the programs already in flight
-(``ProgramRegistry``'s current contexts: programs with a turn waiting or running, and, by default,
-those out on a tool that hold a pin; ``working_set_follows_pins``) plus its prompt, or, with
+(``ProgramRegistry``: programs with a turn waiting or running, and, by default, those out on a tool
+that hold a pin, ``working_set_follows_pins``; each counted, by default, at least at the mean final
+context of programs that ended, since agent contexts grow, ``admission_expects_growth``) plus its own, or, with
 ``return_loss_threshold`` set (off by default), while returning programs are losing their contexts
 (``ReturnLossMeter``: the pool thrashes although today's contexts fit, because they grow). Bounded
 waiting still applies: an overdue first turn passes, up to ``overdue_admission_overcommit`` pools
@@ -90,13 +91,19 @@ class AdmissionControl:
             self.counters.held_back_thrashing += thrashing
         return True
 
+    def reserved_tokens(self) -> int:
+        """The pool admission control keeps for the programs in flight."""
+        if not self.settings.admission_expects_growth:
+            return self.programs.working_set_tokens
+        return self.programs.reserved_tokens()
+
     def _demand(self, request_tokens: int) -> int:
         """The pool the working set needs with one more program: today's contexts, or, with
         ``admission_expects_growth``, each (the new one included) at least as large as programs
         end up (an agent's first turn is a fraction of its last)."""
         if not self.settings.admission_expects_growth:
-            return self.programs.working_set_tokens + request_tokens
-        return self.programs.reserved_tokens() + max(request_tokens, self.programs.expected_final_context)
+            return self.reserved_tokens() + request_tokens
+        return self.reserved_tokens() + max(request_tokens, self.programs.expected_final_context)
 
     def _suspends(self, tag: TurnTag, rank: int, request_tokens: int, room: float, overdue: Callable[[], bool]) -> bool:
         """Load control (``load_control``, experimental, off by default): while the pool thrashes, a

@@ -44,6 +44,19 @@ SERIES: tuple[Series, ...] = (
     ),
     Series("working_set_tokens", "gauge", "gauge.working_set_tokens", "Current context tokens of programs in flight."),
     Series(
+        "working_set_reserved_tokens",
+        "gauge",
+        "gauge.working_set_reserved_tokens",
+        "Tokens admission control keeps for programs in flight: each at least the expected final context "
+        "(admission_expects_growth), else their current contexts.",
+    ),
+    Series(
+        "expected_final_context_tokens",
+        "gauge",
+        "gauge.expected_final_context_tokens",
+        "Mean final context of the last final_context_window programs that ended (0 before any did).",
+    ),
+    Series(
         "programs_held_back",
         "gauge",
         "gauge.programs_held_back",

@@ -114,10 +114,11 @@ class ContinuumSettings(BaseModel):
         "it exceed this many pools (the engine idles rather than thrash); 0 = never held while the engine idles",
     )
     admission_expects_growth: bool = Field(
-        False,
+        True,
         description="admission control reserves for each program in flight, and for the new one, at least the "
         "mean final context of the last final_context_window programs that ended (agent contexts grow every turn: "
-        "first turns are small, so today's sizes let in more programs than the pool will hold)",
+        "first turns are small, so today's sizes let in more programs than the pool will hold); False: today's "
+        "contexts only (the default before 2026-11-24's second half)",
     )
     final_context_window: int = Field(64, ge=1, description="ended programs the expected final context is the mean of")
     working_set_follows_pins: bool = Field(
