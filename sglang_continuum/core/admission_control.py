@@ -101,9 +101,10 @@ class AdmissionControl:
         """The pool the working set needs with one more program: today's contexts, or, with
         ``admission_expects_growth``, each (the new one included) at least as large as programs
         end up (an agent's first turn is a fraction of its last)."""
-        if not self.settings.admission_expects_growth:
-            return self.reserved_tokens() + request_tokens
-        return self.reserved_tokens() + max(request_tokens, self.programs.expected_final_context)
+        newcomer = request_tokens
+        if self.settings.admission_expects_growth:
+            newcomer = max(newcomer, self.programs.expected_final_context)
+        return self.reserved_tokens() + newcomer
 
     def _suspends(self, tag: TurnTag, rank: int, request_tokens: int, room: float, overdue: Callable[[], bool]) -> bool:
         """Load control (``load_control``, experimental, off by default): while the pool thrashes, a

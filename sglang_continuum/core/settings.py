@@ -118,7 +118,7 @@ class ContinuumSettings(BaseModel):
         description="admission control reserves for each program in flight, and for the new one, at least the "
         "mean final context of the last final_context_window programs that ended (agent contexts grow every turn: "
         "first turns are small, so today's sizes let in more programs than the pool will hold); False: today's "
-        "contexts only (the default before 2026-11-24's second half)",
+        "contexts only (the previous default)",
     )
     final_context_window: int = Field(64, ge=1, description="ended programs the expected final context is the mean of")
     working_set_follows_pins: bool = Field(

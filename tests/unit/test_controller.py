@@ -495,8 +495,8 @@ def test_a_program_with_a_turn_in_flight_stays_in_the_working_set():
 def test_admission_expecting_growth_holds_a_new_program_the_pool_will_not_hold_later():
     # programs that ended grew to 800 tokens; one in flight is at 300 today. A new 200-token first
     # turn fits today's sizes (500 <= 1000) but not what both will need (800 + 800)
-    for expects, held in ((False, False), (True, True)):
-        c, clock = make(admission_expects_growth=expects)
+    for expects, held in ((False, False), (True, True), (None, True)):  # None: the default expects growth
+        c, clock = make(**({} if expects is None else {"admission_expects_growth": expects}))
         for pid in ("done1", "done2"):
             c.turn_admitted(c.turn_arrived(turn(pid)), 800)
             c.turn_finished(turn(pid, last=True), context_tokens=800, handle=None)
