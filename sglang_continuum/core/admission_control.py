@@ -5,9 +5,11 @@ A first turn waits while the pool cannot hold the working sets of the programs a
 that hold a pin, ``working_set_follows_pins``; each counted, by default, at least at the mean final
 context of programs that ended, since agent contexts grow, ``admission_expects_growth``) plus its own, or, with
 ``return_loss_threshold`` set (off by default), while returning programs are losing their contexts
-(``ReturnLossMeter``: the pool thrashes although today's contexts fit, because they grow). Bounded
-waiting still applies: an overdue first turn passes, up to ``overdue_admission_overcommit`` pools
-of working sets. Later turns, continuations found by
+(``ReturnLossMeter``: the pool thrashes although today's contexts fit, because they grow). An
+overdue first turn passes while the working sets fit ``overdue_admission_overcommit`` pools; the
+default, 1, never lets it past the pool (which is already sized for growth): at the door it waits
+for room like any other, and bounded waiting orders the queue, it does not open the door (an open
+door is how the wave that thrashes the pool gets in). Later turns, continuations found by
 prefix and requests without a program id are never held (except by load control, an experimental
 setting off by default: while the pool thrashes, returning turns of the latest programs wait too);
 the adapter never asks when holding back would idle the engine.

@@ -80,10 +80,11 @@ class ContinuumSettings(BaseModel):
         "a bound in seconds turns every turn overdue under overload)",
     )
     overdue_admission_overcommit: float = Field(
-        1.5,
+        1.0,
         ge=0,
         description="an overdue first turn passes admission control only while the working sets plus its prompt "
-        "fit in this many pools; 0 = no limit",
+        "fit in this many pools; 0 = no limit; 1 (the default): never past the pool, which admission control "
+        "already sizes for growth, so an overdue first turn waits for room like any other (1.5 before 2026-11-25)",
     )
     # ablations of the bounded-waiting path (issue 22's decomposition); the defaults are the product
     overdue_before_pinned: bool = Field(

@@ -229,6 +229,23 @@ def test_overdue_first_turn_passes_admission_control_within_the_overcommit_limit
     assert c.admission.bypassed == 1 and c.admission.bypass_refused == 1 and small.bypassed
 
 
+@pytest.mark.parametrize("limit, passes", [(None, False), (1.0, False), (1.5, True), (0.0, True)])
+def test_an_overdue_first_turn_waits_for_room_by_default(limit, passes):
+    # 820 tokens in flight in a 1000-token pool; an overdue 300-token first turn does not fit the
+    # pool. By default (1: never past the pool, already sized for growth) it waits like any other;
+    # the limit before 2026-11-25 (1.5 pools) and no limit (0) let it in
+    c, clock = make(max_overtakes=1, **({} if limit is None else {"overdue_admission_overcommit": limit}))
+    for pid in ("a", "b"):
+        c.turn_admitted(c.turn_arrived(turn(pid)), 400)
+    new = c.turn_arrived(turn("new"))
+    c.turn_admitted(c.turn_arrived(turn("c")), 10)  # two later arrivals overtake it
+    c.turn_admitted(c.turn_arrived(turn("d")), 10)
+    assert c.is_overdue(new, clock())
+    assert c.holds_back(new, 300, 1000, clock()) is not passes
+    assert (c.admission.bypassed, new.bypassed) == ((1, True) if passes else (0, False))
+    assert c.holds_back(new, 300, 2000, clock()) is False  # room in the pool: in it goes
+
+
 def test_pins_only_ablation_orders_by_request_arrival_alone():
     c, clock = make(program_order=False)
     first = c.turn_arrived(turn("first"))
