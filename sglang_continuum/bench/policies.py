@@ -99,7 +99,10 @@ POLICIES: dict[str, tuple[list[str], dict[str, str]]] = {
     "continuum-open-door": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_OVERDUE_ADMISSION_OVERCOMMIT": "0"}),
     # overdue first turns past admission control up to 1.5 pools: the default before 2026-11-25 (since
     # then an overdue first turn never passes the pool, ``overdue_admission_overcommit = 1``)
-    "continuum-door-1.5": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_OVERDUE_ADMISSION_OVERCOMMIT": "1.5"}),
+    "continuum-door-1.5": (
+        ["--schedule-policy", "continuum"],
+        {"SGLANG_CONTINUUM_OVERDUE_ADMISSION_OVERCOMMIT": "1.5"},
+    ),
     # admission control that also holds new programs while returning ones lose over half their contexts
     "continuum-return-loss": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_RETURN_LOSS_THRESHOLD": "0.5"}),
     # experimental load control: returning turns of the latest programs also wait while the pool thrashes
