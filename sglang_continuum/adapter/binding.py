@@ -11,8 +11,8 @@ processes are untouched):
   consumption for the turns that batch admitted.
 * ``get_prefill_adder_class``: SGLang's ``PrefillAdder`` with two additions -- program-level
   admission control (a new program's first turn is skipped while the working sets of programs
-  in flight fill the pool, unless the engine would idle) and a record of the first turn the
-  budget refused (``NO_TOKEN``).
+  in flight, and of the turns this selection already took, fill the pool, unless the engine
+  would idle) and a record of the first turn the budget refused (``NO_TOKEN``).
 * ``get_new_batch_prefill``: when SGLang's own admission refused a turn for memory, pins of
   programs ranked after it are shed (latest first) and admission is retried in the same step;
   any pin may be shed when the engine would otherwise idle or the turn is overdue. A pin
@@ -97,11 +97,18 @@ class Admission:
         admission = self
 
         class ContinuumPrefillAdder(base):
+            # what turns this selection took reserve in the working set: it learns of them only
+            # once the batch is formed (``on_admitted``), and the door must not let a wave through
+            continuum_pending_tokens = 0
+
             def add_one_req(self, req, has_chunked_req, truncation_align_size):
                 if admission.hold_back(self, req):
                     return AddReqResult.CONTINUE  # skipped; later turns may still be admitted
                 admission.candidate = None
+                taken = len(self.can_run_list)
                 result = super().add_one_req(req, has_chunked_req, truncation_align_size)
+                if len(self.can_run_list) > taken:  # committed (the result speaks of the next candidate)
+                    self.continuum_pending_tokens += admission.reservation(req)
                 if result is AddReqResult.NO_TOKEN and admission.blocked is None:
                     admission.blocked = req
                     if admission.candidate is not None:  # measured while SGLang held the prefix lock
@@ -137,8 +144,20 @@ class Admission:
         idle = adder.running_batch.is_empty() and not adder.can_run_list and self.scheduler.chunked_req is None
         cache = self.cache
         return cache.controller.holds_back(
-            tag, len(req.origin_input_ids), cache.token_to_kv_pool_allocator.size, cache.step_clock(), idle=idle
+            tag,
+            len(req.origin_input_ids),
+            cache.token_to_kv_pool_allocator.size,
+            cache.step_clock(),
+            idle=idle,
+            pending_tokens=adder.continuum_pending_tokens,
         )
+
+    def reservation(self, req) -> int:
+        """What ``req``, just taken into the selection, will reserve in the working set."""
+        tag = get_tag(req)
+        if tag is None:
+            return 0
+        return self.cache.controller.admission_reservation(tag, len(req.origin_input_ids))
 
 
 def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:

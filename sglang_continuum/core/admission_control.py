@@ -55,7 +55,12 @@ class AdmissionControl:
         overdue: Callable[[], bool],
         *,
         idle: bool = False,
+        pending_tokens: int = 0,
     ) -> bool:
+        """Whether ``tag``'s turn waits; ``pending_tokens``: what turns admitted earlier in the same
+        prefill selection reserve (the working set learns of them only once the batch is formed;
+        without them every first turn of a selection would see the same room, and a wave of new
+        programs would pass together)."""
         if not self.settings.admission_control or not tag.meta.has_program:
             return False
         idle_limit = self.settings.idle_admission_overcommit
@@ -64,12 +69,12 @@ class AdmissionControl:
         if tag.meta.source == SOURCE_INFERRED:
             return False  # a continuation found by prefix: its context is already the pool's business
         state = self.programs.get(tag.meta.program_id)
-        if state is None or self.programs.working_programs == 0:
+        if state is None or (self.programs.working_programs == 0 and pending_tokens == 0):
             return False
         room = capacity_tokens * self.settings.admission_working_set_fraction
         if state.turns_admitted > 0:
             return not idle and self._suspends(tag, state.arrival_rank, request_tokens, room, overdue)
-        demand = self._demand(request_tokens)
+        demand = self._demand(request_tokens) + pending_tokens
         if demand <= room and not self.thrashing:
             return False
         if idle:
@@ -98,6 +103,14 @@ class AdmissionControl:
         if not self.settings.admission_expects_growth:
             return self.programs.working_set_tokens
         return self.programs.reserved_tokens()
+
+    def reservation(self, tag: TurnTag, request_tokens: int) -> int:
+        """What admitting ``tag``'s turn adds to ``reserved_tokens`` (0 for a request without a
+        program, or with admission control off)."""
+        if not self.settings.admission_control or not tag.meta.has_program:
+            return 0
+        floor = self.programs.expected_final_context if self.settings.admission_expects_growth else 0
+        return self.programs.reservation_added(tag.meta.program_id, request_tokens, floor)
 
     def _demand(self, request_tokens: int) -> int:
         """The pool the working set needs with one more program: today's contexts, or, with

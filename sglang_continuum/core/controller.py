@@ -359,13 +359,31 @@ class ContinuumController:
         return self.bounded.is_overdue(tag, now)
 
     def holds_back(
-        self, tag: TurnTag, request_tokens: int, capacity_tokens: int, now: float, *, idle: bool = False
+        self,
+        tag: TurnTag,
+        request_tokens: int,
+        capacity_tokens: int,
+        now: float,
+        *,
+        idle: bool = False,
+        pending_tokens: int = 0,
     ) -> bool:
         """Program-level admission control (``core/admission_control.py``) for a waiting turn;
-        ``idle``: nothing else would run if it waited."""
+        ``idle``: nothing else would run if it waited; ``pending_tokens``: what turns admitted
+        earlier in the same prefill selection reserve (``admission_reservation``)."""
         return self.admission_control.holds_back(
-            tag, request_tokens, capacity_tokens, lambda: self.is_overdue(tag, now), idle=idle
+            tag,
+            request_tokens,
+            capacity_tokens,
+            lambda: self.is_overdue(tag, now),
+            idle=idle,
+            pending_tokens=pending_tokens,
         )
+
+    def admission_reservation(self, tag: TurnTag, request_tokens: int) -> int:
+        """What a turn just added to a prefill selection will reserve in the working set once its
+        admission is recorded (``turn_admitted``, after the batch is formed)."""
+        return self.admission_control.reservation(tag, request_tokens)
 
     # -- host tier -----------------------------------------------------------------------
     def offload(self, pin: Pin) -> FinishOutcome:

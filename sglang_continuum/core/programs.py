@@ -111,6 +111,16 @@ class ProgramRegistry:
         _, count, tokens = self._short
         return self.working_set_tokens + expected * count - tokens
 
+    def reservation_added(self, program_id: str, context_tokens: int, floor: int) -> int:
+        """How much a working-set reservation of ``sum(max(context, floor))`` grows once a turn of
+        ``program_id`` with ``context_tokens`` is admitted (a program out of the working set comes
+        back into it whole)."""
+        new = max(context_tokens, floor)
+        state = self._programs.get(program_id)
+        if state is None or program_id not in self._working:
+            return new
+        return max(0, new - max(state.context_tokens, floor))
+
     # -- events --------------------------------------------------------------------------
     def turn_arrived(self, program_id: str, now: float, rank: int) -> tuple[ProgramState, Optional[ToolReturn]]:
         """Record a turn's arrival; ``rank`` (a global arrival counter) becomes the program's

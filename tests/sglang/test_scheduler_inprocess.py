@@ -515,3 +515,39 @@ def test_admission_control_keeps_room_for_an_unpinned_program_only_when_told_to(
         cache.check_integrity()
     finally:
         mp.undo()
+
+
+def test_one_prefill_selection_does_not_let_a_wave_of_new_programs_past_the_door(driver):
+    """A program (400 tokens) is out on a tool and counted in the working set; two new programs'
+    first turns (350 each) wait together while a decode runs. Either fits the 1,024-token pool
+    beside the program in flight, both do not. SGLang's own budget could take both (the program's
+    prefix is evictable), and the working set hears of an admission only once the batch is formed:
+    the door must count what the selection already took, or the wave goes in together."""
+    rng = random.Random(41)
+    drain_pins(driver)
+    cache = driver.s.tree_cache
+    controller = cache.controller
+    settings = controller.settings.model_copy(
+        update={"working_set_follows_pins": False, "admission_expects_growth": False}
+    )
+    mp = pytest.MonkeyPatch()
+    mp.setattr(controller, "settings", settings)
+    mp.setattr(controller.admission_control, "settings", settings)
+    try:
+        driver.submit(tokens(rng, 400), max_new_tokens=4, custom_params=meta("wave-old", "slow"))
+        driver.run_until_idle()
+        assert controller.programs.reserved_tokens() >= 400 and "wave-old" not in controller.pins
+        x = driver.submit(tokens(rng, 20), max_new_tokens=200)  # a decode: holding back would not idle
+        driver.step()
+        first = driver.submit(tokens(rng, 350), max_new_tokens=4, custom_params=meta("wave-1"))
+        second = driver.submit(tokens(rng, 350), max_new_tokens=4, custom_params=meta("wave-2"))
+        driver.step()
+        assert first in driver.admitted and second not in driver.admitted
+        assert get_tag(driver.req(second)).held_back
+        driver.run_until_idle()
+        assert driver.req(second).finished() and driver.req(x).finished()
+        for p in ("wave-old", "wave-1", "wave-2"):
+            cache.end_program(p)
+        cache.check_integrity()
+    finally:
+        mp.undo()

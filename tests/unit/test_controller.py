@@ -1,6 +1,8 @@
 """The controller's event semantics, with a manual clock and fake handles."""
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sglang_continuum.core.clock import ManualClock
 from sglang_continuum.core.controller import ContinuumController
@@ -522,3 +524,54 @@ def test_admission_expecting_growth_holds_a_new_program_the_pool_will_not_hold_l
         assert c.holds_back(new, 200, 1000, clock()) is held
         assert c.holds_back(new, 200, 2000, clock()) is False  # room for both grown
         c.programs.check_integrity()
+
+
+def test_first_turns_taken_by_one_selection_count_against_the_door():
+    # 400 tokens in flight in a 1000-token pool: one 350-token newcomer fits, two do not. The
+    # working set hears of an admission only after the batch is formed, so the turns a selection
+    # already took are passed in; without them both newcomers saw the same room and went together
+    c, clock = make(admission_expects_growth=False)
+    c.turn_admitted(c.turn_arrived(turn("a")), 400)
+    first, second = c.turn_arrived(turn("new-1")), c.turn_arrived(turn("new-2"))
+    assert c.holds_back(first, 350, 1000, clock()) is False
+    taken = c.admission_reservation(first, 350)
+    assert taken == 350
+    assert c.holds_back(second, 350, 1000, clock(), pending_tokens=taken) is True
+    assert c.holds_back(second, 350, 1000, clock()) is False  # what the selection did before
+    # a returning turn of a program in the working set reserves only its growth
+    again = c.turn_arrived(turn("a"))
+    assert c.admission_reservation(again, 450) == 50
+    c.turn_admitted(first, 350)  # the batch is formed: the working set knows now
+    assert c.holds_back(second, 350, 1000, clock()) is True
+    c.check_integrity()
+
+
+@given(
+    st.lists(st.integers(1, 800), min_size=1, max_size=8),
+    st.lists(st.integers(1, 500), min_size=1, max_size=6),
+    st.booleans(),
+)
+def test_a_selection_never_takes_more_programs_than_the_door_would_one_at_a_time(in_flight, newcomers, growth):
+    # however the newcomers are batched, the door with pending reservations lets in exactly what it
+    # would have let in had each been admitted in a batch of its own
+    pool = 2000
+
+    def run(batched: bool) -> list[bool]:
+        c, clock = make(admission_expects_growth=growth)
+        for i, ctx in enumerate(in_flight):
+            c.turn_admitted(c.turn_arrived(turn(f"old-{i}")), ctx)
+        c.turn_finished(turn("old-0", last=True), context_tokens=in_flight[0])  # E, when growth is on
+        tags = [c.turn_arrived(turn(f"new-{i}")) for i in range(len(newcomers))]
+        passed, pending = [], 0
+        for tag, tokens in zip(tags, newcomers):
+            held = c.holds_back(tag, tokens, pool, clock(), pending_tokens=pending if batched else 0)
+            passed.append(not held)
+            if not held:
+                if batched:
+                    pending += c.admission_reservation(tag, tokens)
+                else:
+                    c.turn_admitted(tag, tokens)
+        c.check_integrity()
+        return passed
+
+    assert run(batched=True) == run(batched=False)
