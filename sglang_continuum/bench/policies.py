@@ -131,6 +131,12 @@ POLICIES: dict[str, tuple[list[str], dict[str, str]]] = {
         ["--schedule-policy", "continuum"],
         {"SGLANG_CONTINUUM_ADMISSION_EXPECTS_GROWTH": "1", "SGLANG_CONTINUUM_IDLE_ADMISSION_OVERCOMMIT": "1"},
     ),
+    # every first turn of one prefill selection sees the room as it was before it (the behaviour before
+    # 2026-11-25; since then admission control counts the turns the selection already took)
+    "continuum-selection-blind": (
+        ["--schedule-policy", "continuum"],
+        {"SGLANG_CONTINUUM_ADMISSION_COUNTS_SELECTION": "0"},
+    ),
     # a fixed overtaking budget (the default's falls from 32 to 8 as the return loss passes 0.5)
     "continuum-k8": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_MAX_OVERTAKES": "8"}),
     "continuum-k16": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_MAX_OVERTAKES": "16"}),

@@ -69,6 +69,8 @@ class AdmissionControl:
         if tag.meta.source == SOURCE_INFERRED:
             return False  # a continuation found by prefix: its context is already the pool's business
         state = self.programs.get(tag.meta.program_id)
+        if not self.settings.admission_counts_selection:
+            pending_tokens = 0  # ablation: the behaviour before 2026-11-25
         if state is None or (self.programs.working_programs == 0 and pending_tokens == 0):
             return False
         room = capacity_tokens * self.settings.admission_working_set_fraction

@@ -122,6 +122,12 @@ class ContinuumSettings(BaseModel):
         "contexts only (the previous default)",
     )
     final_context_window: int = Field(64, ge=1, description="ended programs the expected final context is the mean of")
+    admission_counts_selection: bool = Field(
+        True,
+        description="admission control counts the turns a prefill selection already took (the working set hears "
+        "of them only once the batch is formed); False (ablation, the behaviour before 2026-11-25): every first "
+        "turn of one selection sees the room as it was before it, so a wave of new programs can pass together",
+    )
     working_set_follows_pins: bool = Field(
         True,
         description="a program out on a tool stays in the working set only while it holds a pin: when the cost "

@@ -517,18 +517,24 @@ def test_admission_control_keeps_room_for_an_unpinned_program_only_when_told_to(
         mp.undo()
 
 
-def test_one_prefill_selection_does_not_let_a_wave_of_new_programs_past_the_door(driver):
+@pytest.mark.parametrize("counts_selection", [True, False])
+def test_one_prefill_selection_does_not_let_a_wave_of_new_programs_past_the_door(driver, counts_selection):
     """A program (400 tokens) is out on a tool and counted in the working set; two new programs'
     first turns (350 each) wait together while a decode runs. Either fits the 1,024-token pool
     beside the program in flight, both do not. SGLang's own budget could take both (the program's
     prefix is evictable), and the working set hears of an admission only once the batch is formed:
-    the door must count what the selection already took, or the wave goes in together."""
-    rng = random.Random(41)
+    the door must count what the selection already took, or the wave goes in together (as it
+    does with ``admission_counts_selection`` off, the ablation of the behaviour before)."""
+    rng = random.Random(41 + counts_selection)
     drain_pins(driver)
     cache = driver.s.tree_cache
     controller = cache.controller
     settings = controller.settings.model_copy(
-        update={"working_set_follows_pins": False, "admission_expects_growth": False}
+        update={
+            "working_set_follows_pins": False,
+            "admission_expects_growth": False,
+            "admission_counts_selection": counts_selection,
+        }
     )
     mp = pytest.MonkeyPatch()
     mp.setattr(controller, "settings", settings)
@@ -542,12 +548,12 @@ def test_one_prefill_selection_does_not_let_a_wave_of_new_programs_past_the_door
         first = driver.submit(tokens(rng, 350), max_new_tokens=4, custom_params=meta("wave-1"))
         second = driver.submit(tokens(rng, 350), max_new_tokens=4, custom_params=meta("wave-2"))
         driver.step()
-        assert first in driver.admitted and second not in driver.admitted
-        assert get_tag(driver.req(second)).held_back
+        assert first in driver.admitted and (second not in driver.admitted) is counts_selection
+        assert get_tag(driver.req(second)).held_back is counts_selection
         driver.run_until_idle()
         assert driver.req(second).finished() and driver.req(x).finished()
         for p in ("wave-old", "wave-1", "wave-2"):
-            cache.end_program(p)
+            cache.end_program(p)  # the next case starts from an empty working set
         cache.check_integrity()
     finally:
         mp.undo()
