@@ -69,8 +69,6 @@ class AdmissionControl:
         if tag.meta.source == SOURCE_INFERRED:
             return False  # a continuation found by prefix: its context is already the pool's business
         state = self.programs.get(tag.meta.program_id)
-        if not self.settings.admission_counts_selection:
-            pending_tokens = 0  # ablation: the behaviour before 2026-11-25
         if state is None or (self.programs.working_programs == 0 and pending_tokens == 0):
             return False
         room = capacity_tokens * self.settings.admission_working_set_fraction
@@ -108,10 +106,12 @@ class AdmissionControl:
 
     def reservation(self, tag: TurnTag, request_tokens: int) -> int:
         """What admitting ``tag``'s turn adds to ``reserved_tokens`` (0 for a request without a
-        program, or with admission control off)."""
-        if not self.settings.admission_control or not tag.meta.has_program:
+        program, or with admission control off; with ``admission_counts_selection`` off, the
+        ablation of the behaviour before 2026-11-25, a selection's turns reserve nothing)."""
+        s = self.settings
+        if not s.admission_control or not s.admission_counts_selection or not tag.meta.has_program:
             return 0
-        floor = self.programs.expected_final_context if self.settings.admission_expects_growth else 0
+        floor = self.programs.expected_final_context if s.admission_expects_growth else 0
         return self.programs.reservation_added(tag.meta.program_id, request_tokens, floor)
 
     def _demand(self, request_tokens: int) -> int:
