@@ -23,6 +23,9 @@ Probes (``--probes`` selects, in this order by default):
   programs back to 0 after the idle timeout.
 * ``pressure``: 30 programs x 9 turns overflowing a 4,096-token pool, fcfs then continuum: failed
   requests, median and slowest request (target: 0 failed, slowest <= 1.5x fcfs's, median no worse).
+  One run proves little (the same code's slowest ratio spans 1.4-2.3 on a quiet machine):
+  ``--pressure-seeds 0,1,2,3,4`` runs fcfs then continuum per seed on fresh servers and judges the
+  targets on the median over seeds, every seed shown and the worst named.
 
 "Pool empty" is read live from the scheduler (``/v1/loads``: tokens neither free nor evictable),
 never after a ``/flush_cache`` (a flush frees every slot whatever holds it, so it would hide a

@@ -170,6 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--flush-programs", type=int)
     g.add_argument("--pressure-env", action="append", default=[], help="KEY=VALUE for the continuum server (a variant)")
+    g.add_argument(
+        "--pressure-seeds",
+        type=lambda v: [int(x) for x in v.split(",") if x.strip()],
+        help="pressure: comma-separated seeds, each a fcfs and a continuum run on fresh servers; the targets are "
+        "judged on the median over seeds (default: --seed alone)",
+    )
     g.add_argument("--pressure-programs", type=int)
     g.add_argument("--pressure-turns", type=int)
     g.add_argument("--pressure-first", type=int, default=400, help="first turn's prompt tokens (mean)")
