@@ -35,8 +35,8 @@ consequences), ``-3s-rank-shed``, ``-3s-pinned-first``, ``-3s-no-bypass`` (each 
 since 2026-11-24, so the same as ``continuum``; ``-ws-pins`` with that too), ``continuum-no-growth`` (admission
 by today's contexts: the default before), ``continuum-growth-idle`` / ``-strict`` (and holds first turns even when the engine would
 idle, past 1.5 / 1 pools), ``continuum-k8`` / ``-k16`` / ``-k32`` (a fixed overtaking budget of 8 / 16 / 32
-instead of one that falls from 32 to 8 as the pool thrashes; ``-k32`` is the default before the budget
-followed the return loss).
+instead of one that falls from 32 to 2 as the pool thrashes; ``-k32`` is the default before the budget
+followed the return loss), ``continuum-floor-8`` (the budget falls to 8, not 2: the default before 2026-11-25).
 Any policy with ``+hicache`` adds SGLang's host tier (``--enable-hierarchical-cache``) and is
 compared with ``fcfs+hicache``.
 """
@@ -137,10 +137,12 @@ POLICIES: dict[str, tuple[list[str], dict[str, str]]] = {
         ["--schedule-policy", "continuum"],
         {"SGLANG_CONTINUUM_ADMISSION_COUNTS_SELECTION": "0"},
     ),
-    # a fixed overtaking budget (the default's falls from 32 to 8 as the return loss passes 0.5)
+    # a fixed overtaking budget (the default's falls from 32 to 2 as the return loss passes 0.5)
     "continuum-k8": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_MAX_OVERTAKES": "8"}),
     "continuum-k16": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_MAX_OVERTAKES": "16"}),
     "continuum-k32": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_MIN_OVERTAKES": "32"}),
+    # the budget's floor before 2026-11-25 (the starvation probe's tail over seeds, docs/results/bounded-waiting)
+    "continuum-floor-8": (["--schedule-policy", "continuum"], {"SGLANG_CONTINUUM_MIN_OVERTAKES": "8"}),
     # the new bound's trigger in seconds instead of overtakes (everything else as shipped)
     "continuum-3s-only": (
         ["--schedule-policy", "continuum"],

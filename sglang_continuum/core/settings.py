@@ -66,7 +66,7 @@ class ContinuumSettings(BaseModel):
         "cached; 0 = off",
     )
     min_overtakes: int = Field(
-        8,
+        2,
         ge=1,  # a budget of 0 reads as "no bound": a floor of 0 would unbound the thrashing pool's turns
         description="the overtaking budget when returning programs find none of their contexts (return loss 1); "
         "from a return loss of 0.5 (the pool thrashes) it falls linearly from max_overtakes to this, since being "

@@ -29,10 +29,11 @@ def test_budget_is_full_while_the_pool_keeps_locality():
 
 
 def test_budget_falls_linearly_with_the_return_loss_past_thrash():
-    assert waiting(0.75).budget() == 20  # halfway from 0.5 to 1: halfway from 32 to 8
-    assert waiting(1.0).budget() == 8
+    assert waiting(0.75, min_overtakes=8).budget() == 20  # halfway from 0.5 to 1: halfway from 32 to 8
+    assert waiting(1.0, min_overtakes=8).budget() == 8
+    assert waiting(1.0).budget() == ContinuumSettings().min_overtakes == 2  # the default floor
     assert waiting(1.0, min_overtakes=32).budget() == 32  # equal: a fixed budget
-    assert waiting(1.0, max_overtakes=3).budget() == 3  # the floor is capped at the ceiling
+    assert waiting(1.0, max_overtakes=1).budget() == 1  # the floor is capped at the ceiling
     assert waiting(1.0, max_overtakes=0).budget() == 0  # no bound at all
 
 
@@ -72,24 +73,25 @@ def thrash(c: ContinuumController, programs: int = 8) -> None:
 
 def test_a_late_request_is_overdue_sooner_once_the_pool_thrashes():
     c = ContinuumController(ContinuumSettings(ttl_model="fixed"), clock=ManualClock(), budget_tokens=10_000)
+    floor = c.settings.min_overtakes
     late = ProgramMeta("late", False, None)
     c.turn_admitted(c.turn_arrived(late), 500)
     c.turn_finished(late, context_tokens=500, handle=None)  # out on a tool
     before = c.turn_arrived(ProgramMeta("before", False, None))
     assert before.overtake_budget == 32
     thrash(c)
-    assert c.admission_control.return_loss.ratio == 1.0 and c.bounded.budget() == 8
+    assert c.admission_control.return_loss.ratio == 1.0 and c.bounded.budget() == floor
     again = c.turn_arrived(late)  # the late program's next turn, while the pool thrashes
-    assert again.turn == 2 and again.overtake_budget == 8
+    assert again.turn == 2 and again.overtake_budget == floor
     new = c.turn_arrived(ProgramMeta("new", False, None))
     assert new.overtake_budget == 32  # a first turn keeps the full budget: the door is load control
-    for i in range(8):
+    for i in range(floor):
         assert not c.is_overdue(again, 0.0)
         c.turn_admitted(c.turn_arrived(ProgramMeta(f"o{i}", False, None)), 10)
     assert c.is_overdue(again, 0.0) and not c.is_overdue(new, 0.0)
     # the request that entered while the pool kept locality keeps its budget (its key changes only
-    # at events the incremental order knows): 24 later arrivals overtook it so far
+    # at events the incremental order knows): 16 + floor later arrivals overtook it so far
     assert before.overtake_budget == 32 and not c.is_overdue(before, 0.0)
     c.turn_admitted(again, 510, cached_tokens=0)
-    assert c.last_admission.overtaken == 8 and c.last_admission.overtake_budget == 8
+    assert c.last_admission.overtaken == floor and c.last_admission.overtake_budget == floor
     c.check_integrity()
