@@ -256,7 +256,8 @@ def probe_pressure(ctx: Ctx) -> ProbeResult:
     res.sent = sum(c["sent"] for c in ok)
     res.failed = sum(c["failed"] + c["not_sent"] for c in ok)
     res.max_wait_s = max((c["max_latency_incl_failed_s"] or 0 for c in ok), default=None)
-    res.p50_s = rnd(statistics.median([c["p50_s"] for c in ok if c["p50_s"] is not None] or [0]), 2)
+    medians = [c["p50_s"] for c in ok if c["p50_s"] is not None]
+    res.p50_s = rnd(statistics.median(medians), 2) if medians else None  # the median seed's median
     res.p99_s = max((c["p99_s"] or 0 for c in ok), default=None)
     for s in per_seed:
         tag = f"seed {s['seed']}: " if len(seeds) > 1 else ""
