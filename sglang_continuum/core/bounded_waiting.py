@@ -11,9 +11,9 @@ are still there when they come back. While the pool keeps locality the budget is
 their contexts, ``ReturnLossMeter``) being overtaken buys the late request nothing, so the budget
 falls linearly with the return loss to ``min_overtakes`` (everything lost). A tighter budget
 spreads service and can raise the loss further, so the floor is one measured not to cost where
-the pool thrashes (2 by default; 1 was slower there). A program's first turn keeps ``max_overtakes``: an overdue first turn may pass admission
-control, and while the pool thrashes keeping new programs at the door is the load control it
-needs most. A request's budget is fixed when it enters the queue, so its key changes only at
+the pool thrashes (2 by default; 1 was slower there). A program's first turn keeps
+``max_overtakes``: an overdue first turn may pass admission control, and while the pool thrashes
+keeping new programs at the door is the load control it needs most. A request's budget is fixed when it enters the queue, so its key changes only at
 events the adapter's incremental order knows (``adapter/schedule_policy.py``).
 """
 

@@ -231,12 +231,13 @@ def probe_pressure(ctx: Ctx) -> ProbeResult:
     }
     res.details["continuum_env"] = getattr(ctx.sizes, "pressure_env", None) or []
     per_seed = []
+    many = len(seeds) > 1  # notes and problems name their seed
     res.healthy_after = res.pins_empty = res.pool_empty = True
     for seed in seeds:
-        name = "pressure-admissions.jsonl" if len(seeds) == 1 else f"pressure-admissions-s{seed}.jsonl"
+        name = f"pressure-admissions-s{seed}.jsonl" if many else "pressure-admissions.jsonl"
         one, runs = _one_seed(ctx, seed, (ctx.out / name).resolve())
         per_seed.append(runs)
-        tag = f"seed {seed}: " if len(seeds) > 1 else ""
+        tag = f"seed {seed}: " if many else ""
         res.problems += [tag + p for p in one.problems]
         res.notes += [tag + n for n in one.notes]
         res.server_died |= one.server_died
@@ -245,22 +246,21 @@ def probe_pressure(ctx: Ctx) -> ProbeResult:
             setattr(res, key, None if theirs is None or mine is None else mine and theirs)
         if "drain" in one.details:
             res.details.setdefault("drain", []).append({"seed": seed, **one.details["drain"]})
-    res.details["runs"] = per_seed[0] if len(seeds) == 1 else None
     res.details["per_seed"] = per_seed
     verdict, problems = judge_seeds(per_seed, ctx.sizes.median_tolerance)
     res.details["verdict"] = verdict
     res.details["slowest_ratio_continuum_over_fcfs"] = verdict["slowest_ratio"]
     res.details["median_ratio_continuum_over_fcfs"] = verdict["median_ratio"]
     res.problems += problems
-    ok = [s["continuum"] for s in per_seed]
-    res.sent = sum(c["sent"] for c in ok)
-    res.failed = sum(c["failed"] + c["not_sent"] for c in ok)
-    res.max_wait_s = max((c["max_latency_incl_failed_s"] or 0 for c in ok), default=None)
-    medians = [c["p50_s"] for c in ok if c["p50_s"] is not None]
+    continuum = [s["continuum"] for s in per_seed]
+    res.sent = sum(c["sent"] for c in continuum)
+    res.failed = sum(c["failed"] + c["not_sent"] for c in continuum)
+    res.max_wait_s = max((c["max_latency_incl_failed_s"] or 0 for c in continuum), default=None)
+    medians = [c["p50_s"] for c in continuum if c["p50_s"] is not None]
     res.p50_s = rnd(statistics.median(medians), 2) if medians else None  # the median seed's median
-    res.p99_s = max((c["p99_s"] or 0 for c in ok), default=None)
+    res.p99_s = max((c["p99_s"] or 0 for c in continuum), default=None)
     for s in per_seed:
-        tag = f"seed {s['seed']}: " if len(seeds) > 1 else ""
+        tag = f"seed {s['seed']}: " if many else ""
         res.notes.append(tag + _run_note("fcfs", s["fcfs"]) + "; " + _run_note("continuum", s["continuum"]))
         res.notes.append(
             f"{tag}slowest ratio {s['slowest_ratio']} (target <= 1.5), median ratio {s['median_ratio']} "
@@ -268,7 +268,7 @@ def probe_pressure(ctx: Ctx) -> ProbeResult:
         )
         if s["continuum"]["admissions"]:
             res.notes.append(tag + _admissions_note(s["continuum"]["admissions"]))
-    if len(seeds) > 1:
+    if many:
         res.notes.append(
             f"over seeds {','.join(map(str, seeds))}: slowest ratio median {verdict['slowest_ratio']}, worst "
             f"{verdict['slowest_ratio_worst']} (per seed {verdict['slowest_ratio_per_seed']}); median ratio median "
