@@ -20,7 +20,7 @@ PY=.venv/bin/python
 BENCH=.venv/bin/continuum-bench
 
 echo "[demo] part 1/2: PREDICTED at GPU scale (emulated H100 + Llama-3.1-8B, not measured)"
-$PY -m sglang_continuum.workloads.generate swe --programs 500 --seed 0 --max-context 131000 --out "$OUT/swe-500.jsonl" >/dev/null
+$PY -m continuum_lab.workloads.generate swe --programs 500 --seed 0 --max-context 131000 --out "$OUT/swe-500.jsonl" >/dev/null
 $BENCH --emulate configs/profiles/h100-sglang-llama-3.1-8b.json --workload "$OUT/swe-500.jsonl" --programs 120 \
   --jps 0.1 --seeds 1,2,3 --policies fcfs,lpm,continuum --jobs 2 --summary-only --out "$OUT/emulated"
 
@@ -28,4 +28,4 @@ echo "[demo] part 2/2: MEASURED on this machine (real SGLang servers on CPU, tin
 $BENCH --workload workloads/swe-cpu-prefill.jsonl --model .models/tiny-llama --policies fcfs,continuum \
   --jps 1 --pool-programs 3 --programs 12 --seeds 1,2,3 --out "$OUT/measured"
 
-$PY -m sglang_continuum.cli.demo "$OUT"
+$PY -m continuum_lab.cli.demo "$OUT"

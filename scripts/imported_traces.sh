@@ -30,14 +30,14 @@ EOF
 h100() { # NAME WORKLOAD JPS [extra bench flags]: fcfs/lpm/continuum x seeds 1-3 on the H100 profile
     local name=$1 wl=$2 jps=$3
     shift 3
-    "$PY" -m sglang_continuum.cli.bench --emulate "$H100" --workload "$wl" --policies fcfs,lpm,continuum \
+    "$PY" -m continuum_lab.cli.bench --emulate "$H100" --workload "$wl" --policies fcfs,lpm,continuum \
         --seeds 1,2,3 --jobs 1 --summary-only --jps "$jps" --out "$R/$name-h100" "$@"
 }
 
 cpu() { # NAME WORKLOAD JPS [extra bench flags]: the same on the CPU profile (tiny Llama), pool ~3 programs
     local name=$1 wl=$2 jps=$3
     shift 3
-    "$PY" -m sglang_continuum.cli.bench --emulate configs/profiles/cpu-tiny-llama-bench.json \
+    "$PY" -m continuum_lab.cli.bench --emulate configs/profiles/cpu-tiny-llama-bench.json \
         --prefill-profile configs/profiles/cpu-tiny-llama.json --model .models/tiny-llama --pool-programs 3 \
         --workload "$wl" --policies fcfs,lpm,continuum --seeds 1,2,3 --jobs 1 --summary-only --jps "$jps" \
         --out "$R/$name-cpu" "$@"
@@ -46,10 +46,10 @@ cpu() { # NAME WORKLOAD JPS [extra bench flags]: the same on the CPU profile (ti
 case "${1:-}" in
 import)
     kv=$2 lm=$3
-    "$PY" -m sglang_continuum.workloads.importer "$kv"/traces/*.json --format weka --max-context 128000 \
+    "$PY" -m continuum_lab.workloads.importer "$kv"/traces/*.json --format weka --max-context 128000 \
         --out $W/claude-code-kvtester.jsonl 2>/dev/null
     for d in miniswe taubench magagent; do
-        "$PY" -m sglang_continuum.workloads.importer "$lm"/$d/*.jsonl --format lmcache --max-context 128000 \
+        "$PY" -m continuum_lab.workloads.importer "$lm"/$d/*.jsonl --format lmcache --max-context 128000 \
             --out $W/lmcache-$d.jsonl
     done
     scale $W/claude-code-kvtester.jsonl $W/claude-code-kvtester-cpu.jsonl 0.05
@@ -67,7 +67,7 @@ grids)
     cpu miniswe $W/lmcache-miniswe-cpu.jsonl 0.2
     cpu taubench $W/lmcache-taubench.jsonl 2
     cpu magagent $W/lmcache-magagent-cpu.jsonl 0.3 --programs 60
-    "$PY" -m sglang_continuum.cli.imported_figures $R/*-h100 $R/*-cpu --write $R
+    "$PY" -m continuum_lab.cli.imported_figures $R/*-h100 $R/*-cpu --write $R
     ;;
 *)
     sed -n 2,8p "$0"

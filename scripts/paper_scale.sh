@@ -15,16 +15,16 @@ WL=$(mktemp -d)
 trap 'rm -rf "$WL"' EXIT
 # the paper's Table 1 statistics (workloads/generate.py), 500 programs; xK: turns repeated K times, tokens / K
 for k in 1 2 3 4 5; do
-  $PY -m sglang_continuum.workloads.generate swe --programs 500 --seed 0 --turn-repeat "$k" --out "$WL/swe-500-x$k.jsonl" >/dev/null
+  $PY -m continuum_lab.workloads.generate swe --programs 500 --seed 0 --turn-repeat "$k" --out "$WL/swe-500-x$k.jsonl" >/dev/null
 done
-$PY -m sglang_continuum.workloads.generate bfcl --programs 500 --seed 0 --out "$WL/bfcl-500.jsonl" >/dev/null
+$PY -m continuum_lab.workloads.generate bfcl --programs 500 --seed 0 --out "$WL/bfcl-500.jsonl" >/dev/null
 
-bench() { $PY -m sglang_continuum.cli.bench --emulate "$PROFILE" --jobs 2 --summary-only "$@"; }
+bench() { $PY -m continuum_lab.cli.bench --emulate "$PROFILE" --jobs 2 --summary-only "$@"; }
 KNEE=0.07
 MAIN=fcfs,lpm,continuum,continuum-no-wait-bound
 
 # isolated JCT: programs far apart (one at a time); isolated.json is a summary of this run
-$PY -m sglang_continuum.emulator.run --workload "$WL/swe-500-x1.jsonl" --policy fcfs --profile "$PROFILE" \
+$PY -m continuum_lab.emulator.run --workload "$WL/swe-500-x1.jsonl" --policy fcfs --profile "$PROFILE" \
   --jps 0.001 --seed 1 --programs 40 --max-total-tokens 454188 --out "$WL/isolated-run.json"
 # load sweep: below the knee, at it, past it
 bench --workload "$WL/swe-500-x1.jsonl" --policies fcfs,continuum,continuum-no-wait-bound --jps 0.05,0.07,0.1 \

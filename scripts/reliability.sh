@@ -10,4 +10,4 @@ cd "$ROOT"
 bash scripts/setup.sh
 export SGLANG_USE_CPU_ENGINE=1 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export CONTINUUM_RELIABILITY_COMMAND="bash scripts/reliability.sh${*:+ $*}"
-exec .venv/bin/python -m sglang_continuum.cli.reliability --out docs/results/reliability "$@"
+exec .venv/bin/python -m continuum_lab.cli.reliability --out docs/results/reliability "$@"

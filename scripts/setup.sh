@@ -12,7 +12,7 @@ VENV="$ROOT/.venv"
 PY="${PYTHON:-python3}"
 STAMP="$VENV/.continuum-setup-stamp"
 
-want=$(cat scripts/setup.sh requirements/*.txt pyproject.toml cpushim/*.py cpushim/*.pth cpushim/sgl_kernel/*.py | sha256sum | cut -d' ' -f1)
+want=$(cat scripts/setup.sh requirements/*.txt pyproject.toml lab/pyproject.toml cpushim/*.py cpushim/*.pth cpushim/sgl_kernel/*.py | sha256sum | cut -d' ' -f1)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
   echo "[setup] environment up to date ($VENV)"
 else
@@ -52,13 +52,13 @@ else
   # sglang and torchvision without their dependency metadata (both name CUDA-only packages).
   pip_install --no-deps "sglang==0.5.23" "torchvision==0.28.0"
   pip_install -r requirements/cpu.txt -r requirements/test.txt -r requirements/agents.txt -r requirements/router.txt
-  pip_install --no-deps -e .
+  pip_install --no-deps -e . -e lab
   site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   cp -r cpushim/continuum_cpushim.py cpushim/continuum_cpushim.pth cpushim/sgl_kernel "$site/"
-  "$VENV/bin/python" -c "import sglang, torchvision, sglang_continuum.adapter.plugin" \
+  "$VENV/bin/python" -c "import sglang, torchvision, sglang_continuum.adapter.plugin, continuum_lab.cli.bench" \
     || { echo "[setup] FAILED: import check (sglang, torchvision, the plugin); nothing was stamped" >&2; exit 1; }
   check_dependencies
   echo "$want" > "$STAMP"
   echo "[setup] environment built in $(( $(date +%s) - t0 ))s"
 fi
-"$VENV/bin/python" -m sglang_continuum.harness.tiny_model --out "$ROOT/.models/tiny-llama" --if-missing
+"$VENV/bin/python" -m continuum_lab.harness.tiny_model --out "$ROOT/.models/tiny-llama" --if-missing

@@ -7,6 +7,6 @@ cd "$ROOT"
 bash scripts/setup.sh
 export SGLANG_USE_CPU_ENGINE=1 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 # style first (seconds): pyflakes, import order, bugbear, formatting (config in pyproject.toml)
-.venv/bin/ruff check sglang_continuum tests cpushim
-.venv/bin/ruff format --check sglang_continuum tests cpushim
+.venv/bin/ruff check sglang_continuum lab tests cpushim
+.venv/bin/ruff format --check sglang_continuum lab tests cpushim
 exec .venv/bin/python -m pytest -p no:cacheprovider -q "$@"

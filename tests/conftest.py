@@ -34,7 +34,7 @@ hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "replay"))
 @pytest.fixture(scope="session")
 def tiny_model() -> str:
     if not (TINY_MODEL / "continuum_tiny_model.json").exists():
-        from sglang_continuum.harness.tiny_model import build
+        from continuum_lab.harness.tiny_model import build
 
         build(TINY_MODEL)
     return str(TINY_MODEL)

@@ -2,7 +2,7 @@
 
 SGLang 0.5.23 pins ``sglang-kernel==0.4.10``, built against torch 2.14.1; the GPU machine has
 torch 2.11, against which its library does not load. SGLang imports ``sgl_kernel`` on CUDA but a
-Llama model served with the flags in ``sglang_continuum.harness.server.GPU_SHIM_FLAGS`` (and the
+Llama model served with the flags in ``continuum_lab.harness.server.GPU_SHIM_FLAGS`` (and the
 environment in ``GPU_SHIM_ENV``) calls none of it: norms, SiLU-and-mul and RoPE run their torch
 code, attention is Triton, sampling is pytorch, CUDA graphs are off.
 

@@ -2,7 +2,7 @@
 
 SGLang imports these names at module level (``from sgl_kernel import rmsnorm`` under
 ``if _is_cuda``); with ``SGLANG_FORCE_FUSED_OP_BACKEND=torch`` and the flags of
-``sglang_continuum.harness.server.GPU_SHIM_FLAGS`` none of them is called. If one ever is, it
+``continuum_lab.harness.server.GPU_SHIM_FLAGS`` none of them is called. If one ever is, it
 raises instead of computing garbage, and the error names the kernel to replace.
 """
 

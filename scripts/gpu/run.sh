@@ -39,16 +39,16 @@ echo "== install $(ls "$BUNDLE"/wheels/*.whl | wc -l) wheels into $SITE"
 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$BUNDLE"/wheels/*.whl
 # the bundle's packages first (typing_extensions newer than the image's), the sgl_kernel
 # placeholder, this package's entry point, then the tree itself
-export PYTHONPATH="$SITE:$ROOT/gpushim:$BUNDLE/plugin:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$SITE:$ROOT/gpushim:$BUNDLE/plugin:$ROOT:$ROOT/lab${PYTHONPATH:+:$PYTHONPATH}"
 # sglang's radix tree core links torch's libraries through a RUNPATH that assumes torch sits beside it
 TORCH_LIB="$("$PY" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
 export LD_LIBRARY_PATH="$TORCH_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-# GPU_SHIM_ENV exported, GPU_SHIM_FLAGS set (sglang_continuum/harness/server.py)
-eval "$("$PY" -m sglang_continuum.cli.gpu_bundle env)"
+# GPU_SHIM_ENV exported, GPU_SHIM_FLAGS set (lab/continuum_lab/harness/server.py)
+eval "$("$PY" -m continuum_lab.cli.gpu_bundle env)"
 env | grep -E '^SGLANG_' | sort
 
 echo "== import check"
-"$PY" -m sglang_continuum.cli.gpu_bundle check-imports 2>&1 | tee "$OUT/check-imports.log"
+"$PY" -m continuum_lab.cli.gpu_bundle check-imports 2>&1 | tee "$OUT/check-imports.log"
 
 if [ "$STAGE" != bench ]; then
   echo "== smoke: one server, --schedule-policy continuum, log $OUT/server-smoke.log"
@@ -59,7 +59,7 @@ if [ "$STAGE" != bench ]; then
   SERVER_PID=$!
   trap 'kill $SERVER_PID 2>/dev/null || true' EXIT
   set +e
-  "$PY" -m sglang_continuum.cli.gpu_bundle smoke --url "http://127.0.0.1:$PORT" --wait-s 420 \
+  "$PY" -m continuum_lab.cli.gpu_bundle smoke --url "http://127.0.0.1:$PORT" --wait-s 420 \
     --out "$OUT/smoke.json"
   SMOKE_RC=$?
   set -e
@@ -81,7 +81,7 @@ fi
 if [ "$STAGE" != smoke ]; then
   echo "== bench: $POLICIES @ $JPS jps, seeds $SEEDS, report in $OUT/bench"
   # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
-  timeout "$BENCH_TIMEOUT_S" "$PY" -m sglang_continuum.cli.bench --gpu shim --model "$MODEL" \
+  timeout "$BENCH_TIMEOUT_S" "$PY" -m continuum_lab.cli.bench --gpu shim --model "$MODEL" \
     --workload "$WORKLOAD" --policies "$POLICIES" --jps "$JPS" --seeds "$SEEDS" --no-pin-cpus \
     --prefill-profile configs/profiles/h100-llama-3.1-8b.json --out "$OUT/bench" ${BENCH_ARGS:-}
 fi

@@ -28,7 +28,7 @@ import math
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 
@@ -52,23 +52,6 @@ class PrefillProfile:
     def seconds(self, tokens: int) -> float:
         c0, c1, c2 = self.coeffs
         return max(0.0, c0 + c1 * tokens + c2 * tokens * tokens)
-
-    @classmethod
-    def fit(cls, points: Sequence[tuple[int, float]], **kw) -> "PrefillProfile":
-        """Quadratic through (tokens, seconds) with non-negative coefficients, least squares in
-        *relative* error (the points span decades: absolute error would fit the longest only)."""
-        from scipy.optimize import nnls
-
-        x = np.array([p[0] for p in points], dtype=np.float64)
-        y = np.array([p[1] for p in points], dtype=np.float64)
-        if x.size < 3:
-            raise ValueError("need at least 3 points to fit a quadratic")
-        if (y <= 0).any():
-            raise ValueError("prefill times must be positive")
-        scale = max(1.0, float(x.max()))  # condition the system
-        a = np.stack([np.ones_like(x), x / scale, (x / scale) ** 2], axis=1)
-        c, _ = nnls(a / y[:, None], np.ones_like(y))
-        return cls((float(c[0]), float(c[1] / scale), float(c[2] / scale**2)), points=[list(p) for p in points], **kw)
 
     @classmethod
     def load(cls, path: str | Path) -> "PrefillProfile":

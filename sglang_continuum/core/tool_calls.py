@@ -13,7 +13,7 @@ as ``SUBMIT_TOOL``, which the controller treats as the program's last step (see
 ``ContinuumSettings.terminal_tools``): the agent never comes back after it.
 
 Shell commands are classed by their first executable, and ``cd DIR && cmd`` is classed as
-``cmd``. The SWE-agent sample decides little by itself (``python -m sglang_continuum.cli.analyze_tool_classes``): all
+``cmd``. The SWE-agent sample decides little by itself (``python -m continuum_lab.cli.analyze_tool_classes``): all
 60 bash calls take about 0.5 s, and the pooled within-class spread is 22.9 ms keeping ``cd`` vs
 24.0 ms skipping it. What it does show is that 24 of the 25 ``cd`` calls are ``cd /testbed &&
 python ...``, whose durations match the bare ``python`` calls; keeping ``cd`` would name a class

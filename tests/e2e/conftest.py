@@ -1,6 +1,6 @@
 import pytest
 
-from sglang_continuum.harness.server import SGLangServer
+from continuum_lab.harness.server import SGLangServer
 
 POOL = 2048
 ARGS = ["--max-total-tokens", str(POOL), "--enable-metrics", "--enable-cache-report", "--mem-fraction-static", "0.5"]

@@ -5,12 +5,12 @@ from argparse import Namespace
 
 import pytest
 
-from sglang_continuum.bench.attribution import read_log
-from sglang_continuum.cli.agents.fleet import run_fleet
-from sglang_continuum.cli.agents.tasks import IDENTITY_SERIES, load_tasks
+from continuum_lab.bench.attribution import read_log
+from continuum_lab.cli.agents.fleet import run_fleet
+from continuum_lab.cli.agents.tasks import IDENTITY_SERIES, load_tasks
+from continuum_lab.harness.server import SGLangServer
+from continuum_lab.workloads.importer import import_files
 from sglang_continuum.client.mini_swe_agent import release_program
-from sglang_continuum.harness.server import SGLangServer
-from sglang_continuum.workloads.importer import import_files
 
 pytestmark = pytest.mark.e2e
 pytest.importorskip("minisweagent", reason="requirements/agents.txt")

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from sglang_continuum.bench.replay import replay
-from sglang_continuum.cli.bench import main as bench_main
-from sglang_continuum.harness.server import parse_metrics
-from sglang_continuum.workloads.schema import Program, Turn, dump_workload
+from continuum_lab.bench.replay import replay
+from continuum_lab.cli.bench import main as bench_main
+from continuum_lab.harness.server import parse_metrics
+from continuum_lab.workloads.schema import Program, Turn, dump_workload
 
 pytestmark = pytest.mark.e2e
 

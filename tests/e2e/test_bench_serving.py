@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_continuum.harness.server import SGLangServer, parse_metrics
+from continuum_lab.harness.server import SGLangServer, parse_metrics
 from tests.e2e.conftest import ARGS
 
 pytestmark = pytest.mark.e2e

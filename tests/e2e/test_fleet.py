@@ -9,9 +9,9 @@ import time
 import httpx
 import pytest
 
-from sglang_continuum.bench.replay import Replayer, replay
-from sglang_continuum.harness.fleet import Fleet, SmgRouter, fleet_summary, worker_table
-from sglang_continuum.harness.server import SGLangServer, parse_metrics
+from continuum_lab.bench.replay import Replayer, replay
+from continuum_lab.harness.fleet import Fleet, SmgRouter, fleet_summary, worker_table
+from continuum_lab.harness.server import SGLangServer, parse_metrics
 from tests.e2e.conftest import ARGS
 from tests.e2e.test_bench import tiny_workload
 

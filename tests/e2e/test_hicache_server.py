@@ -12,9 +12,9 @@ import time
 import httpx
 import pytest
 
-from sglang_continuum.bench.policies import HICACHE_CPU_FLAGS
+from continuum_lab.bench.policies import HICACHE_CPU_FLAGS
+from continuum_lab.harness.server import SGLangServer, parse_metrics
 from sglang_continuum.client import continuum_custom_params
-from sglang_continuum.harness.server import SGLangServer, parse_metrics
 
 pytestmark = pytest.mark.e2e
 POOL = 2048

@@ -2,8 +2,8 @@
 
 import pytest
 
-from sglang_continuum.cli.profiler import measure, measure_decode, measure_extend
-from sglang_continuum.emulator.step_model import StepLatencyModel, fit_decode, fit_prefill
+from continuum_lab.cli.profiler import measure, measure_decode, measure_extend
+from continuum_lab.emulator.step_model import StepLatencyModel, fit_decode, fit_prefill
 
 pytestmark = pytest.mark.e2e
 

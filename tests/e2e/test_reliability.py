@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from sglang_continuum.cli import reliability as rel
+from continuum_lab.cli import reliability as rel
 
 pytestmark = pytest.mark.e2e
 

@@ -7,9 +7,9 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from continuum_lab.harness.server import SGLangServer, parse_metrics
 from sglang_continuum.client import continuum_extra_body
 from sglang_continuum.client.params import RELEASE_PATH, release_body
-from sglang_continuum.harness.server import SGLangServer, parse_metrics
 from tests.e2e.conftest import ARGS, POOL
 
 pytestmark = pytest.mark.e2e
@@ -310,7 +310,7 @@ def test_a_port_taken_before_the_server_binds_it_is_swapped_for_a_free_one(tiny_
     """free_port() only finds a port free; the launcher binds it ~20 s later on this machine, and
     another process can take it in between (seen in CI): the launcher then exits. A port the
     helper chose is swapped for another; the server that answers is the one it started."""
-    from sglang_continuum.harness import server as server_module
+    from continuum_lab.harness import server as server_module
 
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", 0))

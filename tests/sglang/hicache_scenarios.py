@@ -22,8 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from continuum_lab.harness.inprocess import SchedulerDriver, build_scheduler
 from sglang_continuum.core.clock import ManualClock, use_clock
-from sglang_continuum.harness.inprocess import SchedulerDriver, build_scheduler
 
 # The plugin inside the real Scheduler runs on this clock (the clock seam): tool gaps and TTLs
 # pass in virtual time, no test sleeps.

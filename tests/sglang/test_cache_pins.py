@@ -7,10 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
+from continuum_lab.harness.cpu_cache import TurnDriver, make_cache
 from sglang_continuum.core.clock import ManualClock
 from sglang_continuum.core.metadata import ProgramMeta
 from sglang_continuum.core.settings import ContinuumSettings
-from sglang_continuum.harness.cpu_cache import TurnDriver, make_cache
 
 pytestmark = pytest.mark.sglang
 

@@ -1,6 +1,6 @@
 """Tier 2: the emulator drives SGLang's real scheduler (and the plugin) in virtual time.
 
-Each run is a fresh ``python -m sglang_continuum.emulator.run`` process (as ``continuum-bench
+Each run is a fresh ``python -m continuum_lab.emulator.run`` process (as ``continuum-bench
 --emulate`` runs it), about 12 s each on 2 cores.
 """
 
@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from sglang_continuum.emulator.step_model import StepLatencyModel
-from sglang_continuum.workloads.schema import Program, Turn, dump_workload
+from continuum_lab.emulator.step_model import StepLatencyModel
+from continuum_lab.workloads.schema import Program, Turn, dump_workload
 
 pytestmark = pytest.mark.sglang
 
@@ -33,7 +33,7 @@ def _profile(tmp_path):
 def _emulate(tmp_path, workload, policy, *, pool, jps=1.0, seed=0, name="run", env=(), server_args=""):
     out = tmp_path / f"{name}.json"
     cmd = [
-        sys.executable, "-m", "sglang_continuum.emulator.run", "--workload", str(workload), "--policy", policy,
+        sys.executable, "-m", "continuum_lab.emulator.run", "--workload", str(workload), "--policy", policy,
         "--profile", str(_profile(tmp_path)), "--jps", str(jps), "--seed", str(seed),
         "--max-total-tokens", str(pool), "--out", str(out), f"--server-args={server_args}",
         *(f"--env={kv}" for kv in env),
@@ -102,7 +102,7 @@ def test_a_turn_reaching_an_idle_server_is_stamped_when_it_arrives_not_at_the_la
 
 @pytest.fixture(scope="module")
 def pressure_workload(tmp_path_factory):
-    from sglang_continuum.workloads.generate import generate
+    from continuum_lab.workloads.generate import generate
 
     programs = generate("swe", 10, seed=3, token_scale=0.05)
     return dump_workload(programs, tmp_path_factory.mktemp("emu") / "swe.jsonl"), programs
@@ -139,7 +139,7 @@ def test_under_pressure_continuum_keeps_more_of_the_next_turns_context_than_fcfs
 
 
 def test_bench_emulate_reports_every_policy_as_an_emulated_run(tmp_path, pressure_workload):
-    from sglang_continuum.cli.bench import main
+    from continuum_lab.cli.bench import main
 
     workload, programs = pressure_workload
     out = tmp_path / "bench"
@@ -233,7 +233,7 @@ def test_hicache_an_expired_pins_prefix_comes_back_from_host_and_its_step_pays_t
 
 
 def test_hicache_size_is_translated_to_the_same_host_pool_in_tokens():
-    from sglang_continuum.emulator.sglang_engine import hicache_flags
+    from continuum_lab.emulator.sglang_engine import hicache_flags
 
     flags = hicache_flags(["--hicache-size", "200", "--hicache-ratio", "2"], 454188, 131072)
     assert flags[:-1] == ["--hicache-ratio"]

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_continuum.cli.gpu_bundle import SERVING_MODULES
-from sglang_continuum.harness.server import GPU_SHIM_ENV, GPU_SHIM_FLAGS
+from continuum_lab.cli.gpu_bundle import SERVING_MODULES
+from continuum_lab.harness.server import GPU_SHIM_ENV, GPU_SHIM_FLAGS
 
 pytestmark = pytest.mark.sglang
 

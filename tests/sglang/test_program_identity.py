@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from sglang_continuum.harness.inprocess import SchedulerDriver, build_scheduler, release_parallel_runtime
+from continuum_lab.harness.inprocess import SchedulerDriver, build_scheduler, release_parallel_runtime
 
 pytestmark = pytest.mark.sglang
 

@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from continuum_lab.harness.inprocess import SchedulerDriver, build_scheduler, release_parallel_runtime
 from sglang_continuum.adapter.request import get_tag
 from sglang_continuum.core.tool_stats import ToolStats
-from sglang_continuum.harness.inprocess import SchedulerDriver, build_scheduler, release_parallel_runtime
 
 pytestmark = pytest.mark.sglang
 POOL = 1024
@@ -90,7 +90,7 @@ def test_second_turn_hits_whole_context_after_pool_was_filled(driver):
     driver.run_until_idle()
     from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
 
-    from sglang_continuum.harness.cpu_cache import key
+    from continuum_lab.harness.cpu_cache import key
 
     evicted = cache.match_prefix(MatchPrefixParams(key=key(fillers[0]))).device_prefix_len < 250
     assert evicted, "the fillers did not create memory pressure"
@@ -329,7 +329,7 @@ def test_priority_scheduling_is_refused_at_start_up(tiny_model):
     """SGLang's priority path re-sorts the queue under Continuum's incremental order: refused,
     naming the flag. Its own interpreter: SGLang builds its parallel runtime once per process."""
     code = (
-        "from sglang_continuum.harness.inprocess import build_scheduler\n"
+        "from continuum_lab.harness.inprocess import build_scheduler\n"
         f"build_scheduler({tiny_model!r}, max_total_tokens={POOL}, enable_priority_scheduling=True)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from sglang_continuum.bench.attribution import turn_rid
-from sglang_continuum.cli.agents.report import score_attribution
-from sglang_continuum.cli.agents.tasks import (
+from continuum_lab.bench.attribution import turn_rid
+from continuum_lab.cli.agents.report import score_attribution
+from continuum_lab.cli.agents.tasks import (
     SUBMIT_COMMAND,
     TaskResult,
     TurnRecord,
@@ -113,7 +113,7 @@ def test_turns_count_format_errors_as_model_calls_and_pair_commands_with_their_m
     a model call (a request with a rid) that ran no command."""
     from types import SimpleNamespace
 
-    from sglang_continuum.cli.agents.tasks import _turns
+    from continuum_lab.cli.agents.tasks import _turns
 
     def response(rid, prompt, cached):
         return {"id": rid, "usage": {"prompt_tokens": prompt, "prompt_tokens_details": {"cached_tokens": cached}}}

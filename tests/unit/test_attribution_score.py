@@ -1,4 +1,4 @@
-from sglang_continuum.bench.attribution import read_log, score
+from continuum_lab.bench.attribution import read_log, score
 
 
 def test_precision_and_recall_of_attribution(tmp_path):

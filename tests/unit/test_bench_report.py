@@ -2,9 +2,9 @@
 
 import json
 
-from sglang_continuum.bench.policies import HICACHE_CPU_FLAGS, context_length, parse_policy
-from sglang_continuum.bench.report import baseline_of, markdown_table, plots
-from sglang_continuum.bench.seeds import aggregate, collapsed_flags, headline, run_order, seeds_table
+from continuum_lab.bench.policies import HICACHE_CPU_FLAGS, context_length, parse_policy
+from continuum_lab.bench.report import baseline_of, markdown_table, plots
+from continuum_lab.bench.seeds import aggregate, collapsed_flags, headline, run_order, seeds_table
 
 
 def test_hicache_policies_get_the_host_tier_flags_and_cpu_io_backend():
@@ -179,8 +179,8 @@ def test_context_length_is_capped_at_the_model_limit(tmp_path):
 
 
 def test_pins_and_hits_by_a_mark_count_from_the_start_of_the_run():
-    from sglang_continuum.bench.replay import ProgramRecord, ReplayResult, TurnRecord
-    from sglang_continuum.bench.report import summarize
+    from continuum_lab.bench.replay import ProgramRecord, ReplayResult, TurnRecord
+    from continuum_lab.bench.report import summarize
 
     def scrape(created, hits):
         return (
@@ -209,7 +209,7 @@ def stage_text(**seconds):
 
 
 def test_server_time_splits_the_schedulers_wall_into_forwards_loop_and_idle():
-    from sglang_continuum.bench.report import server_time
+    from continuum_lab.bench.report import server_time
 
     before = stage_text(run_batch=1.0, idle=5.0, process_batch_result=0.1, recv_requests=0.0)
     after = stage_text(run_batch=16.0, idle=14.0, process_batch_result=0.9, recv_requests=0.2)
@@ -220,7 +220,7 @@ def test_server_time_splits_the_schedulers_wall_into_forwards_loop_and_idle():
 
 
 def test_validation_flags_each_policy_outside_fifteen_percent():
-    from sglang_continuum.emulator.validate import compare, markdown
+    from continuum_lab.emulator.validate import compare, markdown
 
     def report(jcts, forward):
         runs = []

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_continuum.cli import gpu_bundle as gb
-from sglang_continuum.harness.server import GPU_SHIM_ENV, GPU_SHIM_FLAGS
+from continuum_lab.cli import gpu_bundle as gb
+from continuum_lab.harness.server import GPU_SHIM_ENV, GPU_SHIM_FLAGS
 
 ROOT = Path(__file__).resolve().parents[2]
 GPUSHIM = ROOT / "gpushim"
@@ -229,7 +229,7 @@ FAKE_PYTHON = r"""#!/usr/bin/env bash
 printf '%s\n' "PYTHONPATH=$PYTHONPATH" "$*" >> "$CALLS"
 case "$*" in
   *"import os, torch"*) echo /fake/torch ;;
-  "-m sglang_continuum.cli.gpu_bundle env") exec "$REAL_PYTHON" "$@" ;;
+  "-m continuum_lab.cli.gpu_bundle env") exec "$REAL_PYTHON" "$@" ;;
 esac
 exit 0
 """
@@ -269,14 +269,14 @@ def test_run_script_commands(tmp_path):
         assert flag in install
     assert install.endswith(" ".join(str(p) for p in sorted((bundle / "wheels").glob("*.whl"))))
     assert pythonpath.startswith(f"PYTHONPATH={tmp_path / 'site'}:{GPUSHIM}:{bundle}/plugin:{ROOT}")
-    assert "-m sglang_continuum.cli.gpu_bundle check-imports" in commands
+    assert "-m continuum_lab.cli.gpu_bundle check-imports" in commands
     server = next(c for c in commands if c.startswith("-m sglang.launch_server"))
     assert f"--model-path {bundle}/models/{gb.MODEL_NAME}" in server
     assert " ".join(GPU_SHIM_FLAGS) in server and "--schedule-policy continuum" in server
     assert "--enable-metrics" in server
-    smoke = next(c for c in commands if c.startswith("-m sglang_continuum.cli.gpu_bundle smoke"))
+    smoke = next(c for c in commands if c.startswith("-m continuum_lab.cli.gpu_bundle smoke"))
     assert "--url http://127.0.0.1:30000" in smoke
-    bench = next(c for c in commands if c.startswith("-m sglang_continuum.cli.bench"))
+    bench = next(c for c in commands if c.startswith("-m continuum_lab.cli.bench"))
     for part in (
         "--gpu shim",
         f"--model {bundle}/models/{gb.MODEL_NAME}",

@@ -1,7 +1,7 @@
 """The starvation probe's verdict over seeds (``continuum-reliability --probes pressure
 --pressure-seeds ...``): judged on the median over seeds, every seed's failures counted."""
 
-from sglang_continuum.cli.reliability.pressure import judge_seeds
+from continuum_lab.cli.reliability.pressure import judge_seeds
 
 
 def seed_run(seed: int, c_max: float, f_max: float, c_p50: float = 0.2, f_p50: float = 0.2, failed: int = 0) -> dict:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sglang_continuum.emulator.step_model import StepLatencyModel, fit_decode
+from continuum_lab.emulator.step_model import StepLatencyModel, fit_decode
 
 MODEL = StepLatencyModel(prefill=(0.01, 1e-4, 1e-8), decode=(0.005, 1e-4, 1e-7), name="t")
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from sglang_continuum.workloads.formats import chars_per_4
-from sglang_continuum.workloads.importer import import_paths, main
-from sglang_continuum.workloads.schema import dump_workload, load_workload
+from continuum_lab.workloads.formats import chars_per_4
+from continuum_lab.workloads.importer import import_paths, main
+from continuum_lab.workloads.schema import dump_workload, load_workload
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 WEKA = DATA / "kv_cache_tester_trace_0010_cut.json"

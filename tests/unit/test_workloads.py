@@ -4,9 +4,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sglang_continuum.workloads.generate import SPECS, generate, summary
-from sglang_continuum.workloads.importer import import_files, messages_to_program
-from sglang_continuum.workloads.schema import WorkloadError, dump_workload, load_workload, parse_workload
+from continuum_lab.workloads.generate import SPECS, generate, summary
+from continuum_lab.workloads.importer import import_files, messages_to_program
+from continuum_lab.workloads.schema import WorkloadError, dump_workload, load_workload, parse_workload
 
 DATA = (
     Path(__file__).resolve().parents[1] / "data" / "swe_smith_5_trajectories_with_tool_times.json"
@@ -122,7 +122,7 @@ def test_importer_mini_swe_agent_messages():
 
 
 def test_generate_leaves_out_programs_past_a_context_limit(tmp_path, capsys):
-    from sglang_continuum.workloads.generate import main, peak_context
+    from continuum_lab.workloads.generate import main, peak_context
 
     everything = generate("swe", 40, seed=0)
     limit = sorted(peak_context(p) for p in everything)[-3]  # the two longest programs go

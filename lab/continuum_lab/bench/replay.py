@@ -1,0 +1,316 @@
+"""Async replay client: agent programs against any SGLang or OpenAI-compatible server.
+
+Programs arrive as a seeded Poisson process (``jps`` programs per second). Each program sends its
+turns in order, each with the whole accumulated context (previous prompt + previous output + the
+turn's appended tokens), and waits the turn's tool duration before the next one. Output lengths
+are forced (``max_new_tokens``/``max_tokens`` with ``ignore_eos``) so every policy does the same
+work. Program metadata (program id, last step, tool name) travels in ``custom_params`` and
+``session_id``; program-affine routers get the ``x-smg-routing-key`` header.
+
+Appended tokens are random ids drawn from a per-program generator seeded by (seed, program id),
+so every policy sees identical prompts. With ``send_program_id=False`` (``continuum-bench --no-ids``)
+no program metadata travels at all, and native requests are named ``<program>#<turn>`` (SGLang's
+``rid``) so the server's attribution log can be scored (``bench/attribution.py``). With ``api="sglang"`` (native ``/generate``) the model's
+real output ids continue the context, as in a real agent; with ``api="openai"``
+(``/v1/completions`` with token-id prompts) the output ids are not returned, so fixed
+placeholder ids of the same length continue it instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Optional
+
+import httpx
+import orjson
+
+from continuum_lab.bench.attribution import turn_rid
+from continuum_lab.workloads.schema import Program
+from sglang_continuum.client import continuum_custom_params, routing_headers
+
+
+@dataclass
+class TurnRecord:
+    program_id: str
+    turn: int
+    send: float
+    first_token: Optional[float] = None
+    finish: Optional[float] = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    queue_time_s: Optional[float] = None
+    error: Optional[str] = None
+
+    @property
+    def ttft(self) -> Optional[float]:
+        return None if self.first_token is None else self.first_token - self.send
+
+
+@dataclass
+class ProgramRecord:
+    program_id: str
+    planned_arrival: float
+    start: Optional[float] = None
+    end: Optional[float] = None
+    turns: list[TurnRecord] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.end is not None and all(t.error is None for t in self.turns)
+
+    @property
+    def jct(self) -> Optional[float]:
+        return None if not self.ok else self.end - self.start
+
+
+@dataclass
+class ReplayResult:
+    programs: list[ProgramRecord]
+    wall_s: float
+    metrics_before: str = ""  # every scraped server's /metrics, concatenated (series sum over them)
+    metrics_after: str = ""
+    worker_metrics: list[tuple[str, str, str]] = field(default_factory=list)  # (url, before, after) each
+    metrics_at: dict[str, str] = field(default_factory=dict)  # seconds into the run -> /metrics then
+
+    def to_dict(self) -> dict:
+        return {
+            "wall_s": self.wall_s,
+            "metrics_at": self.metrics_at,
+            "programs": [
+                {
+                    **{k: v for k, v in asdict(p).items() if k != "turns"},
+                    "jct": p.jct,
+                    "ok": p.ok,
+                    "turns": [{**asdict(t), "ttft": t.ttft} for t in p.turns],
+                }
+                for p in self.programs
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict, metrics_before: str = "", metrics_after: str = "") -> "ReplayResult":
+        turn_fields = set(TurnRecord.__dataclass_fields__)
+        program_fields = set(ProgramRecord.__dataclass_fields__) - {"turns"}
+        programs = [
+            ProgramRecord(
+                **{k: v for k, v in p.items() if k in program_fields},
+                turns=[TurnRecord(**{k: v for k, v in t.items() if k in turn_fields}) for t in p["turns"]],
+            )
+            for p in data["programs"]
+        ]
+        return cls(programs, data["wall_s"], metrics_before, metrics_after, metrics_at=data.get("metrics_at", {}))
+
+
+def arrival_times(n: int, jps: float, seed: int) -> list[float]:
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(jps) if jps > 0 else 0.0
+    return out
+
+
+def program_seed(seed: int, program_id: str) -> int:
+    """A program's own token seed: stable across runs and policies, different per program."""
+    return int.from_bytes(hashlib.blake2b(f"{seed}:{program_id}".encode(), digest_size=8).digest(), "little")
+
+
+def _program_rng(seed: int, program_id: str) -> random.Random:
+    return random.Random(program_seed(seed, program_id))
+
+
+class Replayer:
+    def __init__(
+        self,
+        url: str,
+        *,
+        api: str = "sglang",
+        model: str = "default",
+        vocab: int = 500,
+        seed: int = 0,
+        timeout_s: float = 900.0,
+        send_program_id: bool = True,
+        close_sessions: bool = False,
+        on_turn: Optional[Callable[[TurnRecord], None]] = None,
+        metrics_urls: Optional[list[str]] = None,
+        scrape_at: tuple[float, ...] = (60.0,),
+    ) -> None:
+        if api not in ("sglang", "openai"):
+            raise ValueError("api must be 'sglang' or 'openai'")
+        self.url = url.rstrip("/")
+        self.api = api
+        self.model = model
+        self.vocab = vocab
+        self.seed = seed
+        self.timeout_s = timeout_s
+        self.send_program_id = send_program_id
+        self.close_sessions = close_sessions  # --enable-session-radix-cache: release the session at program end
+        self.on_turn = on_turn
+        self.metrics_urls = metrics_urls  # the workers behind a router (default: ``url`` itself)
+        self.scrape_at = tuple(sorted(scrape_at))  # also scrape /metrics this many seconds in
+        self.t0 = 0.0
+
+    def _now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def _body(self, program: Program, i: int, ids: list[int]) -> tuple[str, dict, dict]:
+        turn = program.turns[i]
+        last = i == len(program.turns) - 1
+        custom = continuum_custom_params(program.program_id, last_step=last, tool_name=turn.tool, step=i + 1)
+        headers = routing_headers(program.program_id) if self.send_program_id else {}
+        if self.api == "sglang":
+            body = {
+                "input_ids": ids,
+                "sampling_params": {"max_new_tokens": turn.output_tokens, "ignore_eos": True, "temperature": 0.0},
+                "stream": True,
+            }
+            if self.send_program_id:
+                body["sampling_params"]["custom_params"] = custom
+                body["session_id"] = program.program_id
+            else:
+                body["rid"] = turn_rid(program.program_id, i)  # the truth, for scoring attribution
+            return "/generate", body, headers
+        body = {
+            "model": self.model,
+            "prompt": ids,
+            "max_tokens": turn.output_tokens,
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if self.send_program_id:
+            body["custom_params"] = custom
+            body["session_id"] = program.program_id
+        return "/v1/completions", body, headers
+
+    async def _send(
+        self, client: httpx.AsyncClient, rec: TurnRecord, path: str, body: dict, headers: dict
+    ) -> list[int]:
+        output_ids: list[int] = []
+        async with client.stream("POST", self.url + path, json=body, headers=headers) as resp:
+            if resp.status_code != 200:
+                rec.error = f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}"
+                return output_ids
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    break
+                if rec.first_token is None:
+                    rec.first_token = self._now()
+                chunk = orjson.loads(payload)
+                if self.api == "sglang":
+                    meta = chunk.get("meta_info", {})
+                    rec.prompt_tokens = meta.get("prompt_tokens", rec.prompt_tokens)
+                    rec.cached_tokens = meta.get("cached_tokens", rec.cached_tokens)
+                    rec.output_tokens = meta.get("completion_tokens", rec.output_tokens)
+                    if meta.get("queue_time") is not None:
+                        rec.queue_time_s = float(meta["queue_time"])
+                    if chunk.get("output_ids"):
+                        output_ids = list(chunk["output_ids"])
+                else:
+                    usage = chunk.get("usage") or {}
+                    if usage:
+                        rec.prompt_tokens = usage.get("prompt_tokens", 0)
+                        rec.output_tokens = usage.get("completion_tokens", 0)
+                        details = usage.get("prompt_tokens_details") or {}
+                        rec.cached_tokens = details.get("cached_tokens") or 0
+        return output_ids
+
+    async def _program(self, client: httpx.AsyncClient, program: Program, rec: ProgramRecord) -> None:
+        await asyncio.sleep(max(0.0, rec.planned_arrival - self._now()))
+        rng = _program_rng(self.seed, program.program_id)
+        context: list[int] = []
+        for i, turn in enumerate(program.turns):
+            context += [rng.randrange(5, self.vocab) for _ in range(turn.append_tokens)]
+            t = TurnRecord(program.program_id, i, send=self._now())
+            if i == 0:
+                rec.start = t.send  # JCT: first request sent to last response
+            rec.turns.append(t)
+            path, body, headers = self._body(program, i, context)
+            try:
+                out = await self._send(client, t, path, body, headers)
+            except (httpx.HTTPError, ValueError) as exc:
+                t.error = f"{type(exc).__name__}: {exc}"[:300]
+            t.finish = self._now()
+            if self.on_turn is not None:
+                self.on_turn(t)
+            if t.error is not None:
+                return
+            if len(out) != turn.output_tokens:  # openai api, or a server that does not return ids
+                out = [(7 * j + 11) % (self.vocab - 5) + 5 for j in range(turn.output_tokens)]
+            context += out
+            if turn.tool_duration_s > 0:
+                await asyncio.sleep(turn.tool_duration_s)
+        rec.end = rec.turns[-1].finish
+        if self.close_sessions:
+            try:
+                await client.post(self.url + "/close_session", json={"session_id": program.program_id})
+            except httpx.HTTPError:
+                pass  # the session ends with its radix references anyway when the server stops
+
+    async def run(self, programs: list[Program], jps: float) -> ReplayResult:
+        arrivals = arrival_times(len(programs), jps, self.seed)
+        records = [ProgramRecord(p.program_id, a) for p, a in zip(programs, arrivals)]
+        limits = httpx.Limits(max_connections=len(programs) + 4, max_keepalive_connections=len(programs) + 4)
+        async with httpx.AsyncClient(timeout=self.timeout_s, limits=limits) as client:
+            urls = self.metrics_urls or [self.url]
+            before = [await _metrics(client, u) for u in urls]
+            self.t0 = time.perf_counter()
+            marks: dict[str, str] = {}
+            scraper = asyncio.create_task(self._scrape_marks(client, urls, marks))
+            await asyncio.gather(*(self._program(client, p, r) for p, r in zip(programs, records)))
+            wall = self._now()
+            scraper.cancel()  # marks past the end of the run are not scraped
+            after = await _rested_metrics(client, urls)
+        per_worker = list(zip(urls, before, after)) if self.metrics_urls else []
+        return ReplayResult(records, wall, "\n".join(before), "\n".join(after), per_worker, marks)
+
+    async def _scrape_marks(self, client: httpx.AsyncClient, urls: list[str], marks: dict[str, str]) -> None:
+        for at in self.scrape_at:
+            await asyncio.sleep(max(0.0, at - self._now()))
+            marks[f"{at:g}"] = "\n".join([await _metrics(client, u) for u in urls])
+
+
+async def _metrics(client: httpx.AsyncClient, url: str) -> str:
+    try:
+        r = await client.get(url + "/metrics", timeout=10)
+        return r.text if r.status_code == 200 else ""
+    except httpx.HTTPError:
+        return ""
+
+
+# The plugin refreshes its series at most every 0.5 s while serving and at every idle iteration,
+# so a scrape right after the last response can precede the last program's counters; counters
+# that agree over a longer gap than that are current.
+REST_S = 0.6
+REST_DEADLINE_S = 15.0
+
+
+def _counters(texts: list[str]) -> list[list[str]]:
+    return [[ln for ln in t.splitlines() if ln.startswith("sglang:continuum_") and "_total" in ln] for t in texts]
+
+
+async def _rested_metrics(client: httpx.AsyncClient, urls: list[str]) -> list[str]:
+    """Every server's /metrics once the plugin's counters have stopped moving (or the deadline)."""
+    texts = [await _metrics(client, u) for u in urls]
+    deadline = time.monotonic() + REST_DEADLINE_S
+    while time.monotonic() < deadline:
+        await asyncio.sleep(REST_S)
+        again = [await _metrics(client, u) for u in urls]
+        settled = _counters(again) == _counters(texts)
+        texts = again
+        if settled:
+            break
+    return texts
+
+
+def replay(url: str, programs: list[Program], *, jps: float, **kw) -> ReplayResult:
+    return asyncio.run(Replayer(url, **kw).run(programs, jps))

@@ -1,0 +1,224 @@
+"""Closed-loop agent driver in virtual time: the replay client's contract, without a server.
+
+Programs arrive as the same seeded Poisson process as ``bench/replay.py`` (``arrival_times``).
+A program sends its first turn on arrival; each later turn is sent when the previous one
+finished plus that turn's tool duration; the last turn carries ``is_last_step``. Between sends the
+real scheduler steps, and every step moves the virtual clock by the profile's latency for the
+batch it ran. Nothing reads wall time, so the same inputs give the same records.
+
+Records are the replay client's (``TurnRecord``/``ProgramRecord``/``ReplayResult``), so the bench's
+reports and plots read emulated runs unchanged. ``queue_time_s`` is the time from send to the
+step that first admitted the turn into a prefill batch.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from continuum_lab.bench.replay import ProgramRecord, ReplayResult, TurnRecord, arrival_times, program_seed
+from continuum_lab.emulator import sglang_engine as engine
+from continuum_lab.emulator.step_model import StepLatencyModel
+from continuum_lab.workloads.schema import Program
+from sglang_continuum.client import continuum_custom_params
+from sglang_continuum.core.clock import ManualClock
+
+IDLE_TICK_S = 0.005  # how far time moves while requests wait and nothing can run (pins expiring)
+MAX_IDLE_WITH_WORK_S = 600.0  # that long with work queued and nothing run: the scheduler is wedged
+
+
+class SchedulerWedged(RuntimeError):
+    pass
+
+
+def _token_rng(seed: int, program_id: str) -> np.random.Generator:
+    return np.random.default_rng(program_seed(seed, program_id))
+
+
+class _Program:
+    __slots__ = ("index", "spec", "record", "rng", "context", "next_turn")
+
+    def __init__(self, index: int, spec: Program, record: ProgramRecord, rng: np.random.Generator) -> None:
+        self.index = index  # in the workload: what the event heap carries
+        self.spec = spec
+        self.record = record
+        self.rng = rng
+        self.context: list[int] = []
+        self.next_turn = 0
+
+
+class ClosedLoopDriver:
+    def __init__(
+        self,
+        scheduler,
+        latency: StepLatencyModel,
+        clock: ManualClock,
+        *,
+        seed: int = 0,
+        vocab: int = 1000,
+        send_program_id: bool = True,
+        close_sessions: bool = False,
+        on_turn: Optional[Callable[[TurnRecord], None]] = None,
+        host: Optional[engine.HostTransfers] = None,
+        marks: Sequence[float] = (),
+        on_mark: Optional[Callable[[float], None]] = None,
+    ) -> None:
+        if vocab > engine.ACCOUNTING_VOCAB:
+            raise ValueError(f"vocab {vocab} exceeds the accounting model's {engine.ACCOUNTING_VOCAB}")
+        self.s = scheduler
+        self.latency = latency
+        self.clock = clock
+        self.seed = seed
+        self.vocab = vocab
+        self.send_program_id = send_program_id
+        self.close_sessions = close_sessions
+        self.on_turn = on_turn
+        self.busy_s = 0.0
+        self.host = host  # HiCache's transfers (None without it)
+        self.host_load_s = 0.0  # of busy_s: prefill steps waiting for KV loaded back from host
+        self._marks = sorted(marks)  # seconds after the start: ``on_mark`` at the first step past each
+        self.on_mark = on_mark
+        self.steps = {"prefill": 0, "decode": 0, "idle_ticks": 0}
+        self._events: list[tuple[float, int, int]] = []  # (send time, seq, program index)
+        self._seq = 0
+        self._inflight: dict[str, tuple[_Program, TurnRecord, object]] = {}
+
+    # -- events ---------------------------------------------------------------------------
+    def _schedule(self, at: float, index: int) -> None:
+        heapq.heappush(self._events, (at, self._seq, index))
+        self._seq += 1
+
+    def _send(self, program: _Program, at: float) -> None:
+        spec, i = program.spec, program.next_turn
+        turn = spec.turns[i]
+        program.context.extend(program.rng.integers(5, self.vocab, turn.append_tokens).tolist())
+        rec = TurnRecord(spec.program_id, i, send=at, prompt_tokens=len(program.context))
+        if i == 0:
+            program.record.start = at
+        program.record.turns.append(rec)
+        last = i == len(spec.turns) - 1
+        custom = (
+            continuum_custom_params(spec.program_id, last_step=last, tool_name=turn.tool, step=i + 1)
+            if self.send_program_id
+            else None
+        )
+        rid = f"{spec.program_id}#{i}"
+        req = engine.submit(
+            self.s,
+            rid,
+            program.context,
+            turn.output_tokens,
+            custom,
+            spec.program_id if self.send_program_id else None,
+        )
+        self._inflight[rid] = (program, rec, req)
+
+    def _finished(self, rid: str, now: float) -> None:
+        program, rec, req = self._inflight.pop(rid)
+        rec.finish = now
+        error = engine.abort_message(req)
+        if error is not None:  # as the replay client: the turn failed, its program stops (not ok)
+            rec.error = f"aborted by the scheduler: {error}"[:300]
+            program.context = []
+            if self.on_turn is not None:
+                self.on_turn(rec)
+            return
+        rec.output_tokens = len(req.output_ids)
+        rec.cached_tokens = int(req.cached_tokens)
+        if rec.first_token is None:
+            rec.first_token = now
+        if self.on_turn is not None:
+            self.on_turn(rec)
+        program.context.extend(req.output_ids)
+        turn = program.spec.turns[program.next_turn]
+        program.next_turn += 1
+        if program.next_turn < len(program.spec.turns):
+            self._schedule(now + turn.tool_duration_s, program.index)
+        else:
+            program.record.end = now
+            program.context = []  # the driver keeps no finished context
+            if self.close_sessions and self.send_program_id:
+                engine.close_session(self.s, program.spec.program_id)
+
+    # -- the loop -------------------------------------------------------------------------
+    def run(self, programs: list[Program], jps: float) -> ReplayResult:
+        arrivals = arrival_times(len(programs), jps, self.seed)
+        states = [
+            _Program(i, p, ProgramRecord(p.program_id, a), _token_rng(self.seed, p.program_id))
+            for i, (p, a) in enumerate(zip(programs, arrivals))
+        ]
+        for i, a in enumerate(arrivals):
+            self._schedule(a, i)
+        start = self.clock()
+        idle_with_work = 0.0
+        while True:
+            now = self.clock()
+            while self._marks and now - start >= self._marks[0]:
+                mark = self._marks.pop(0)
+                if self.on_mark is not None:
+                    self.on_mark(mark)
+            while self._events and self._events[0][0] <= now:
+                at, _, index = heapq.heappop(self._events)
+                self._send(states[index], at)
+            batch, finish = engine.step(self.s)
+            if batch is None:
+                finish()
+                if engine.is_idle(self.s) and not self._inflight:
+                    if not self._events:
+                        break
+                    self.clock.advance(self._events[0][0] - now)  # nothing to do until the next send
+                    # An idle server's loop keeps spinning, so the plugin's step clock is current
+                    # when the request arrives; without this iteration the arrival would be stamped
+                    # with the last busy step's time and every tool time measured as ~one step.
+                    batch, finish = engine.step(self.s)
+                    assert batch is None, "an idle scheduler selected a batch"
+                    finish()
+                    idle_with_work = 0.0
+                    continue
+                # work is queued but nothing ran (e.g. waiting for memory a pin releases on expiry)
+                tick = IDLE_TICK_S if not self._events else min(IDLE_TICK_S, self._events[0][0] - now)
+                self.clock.advance(max(tick, 1e-6))
+                self.steps["idle_ticks"] += 1
+                idle_with_work += tick
+                if idle_with_work > MAX_IDLE_WITH_WORK_S:
+                    raise SchedulerWedged(
+                        f"{len(self.s.waiting_queue)} requests waited {idle_with_work:.0f} s of virtual time "
+                        "with nothing running"
+                    )
+                continue
+            idle_with_work = 0.0
+            shape = engine.describe_batch(batch)
+            if shape.is_prefill:
+                dt = self.latency.prefill_seconds(shape.extends)
+                if self.host is not None:
+                    # loads queued since the last prefill (this batch's load back, a predictive
+                    # reload): this batch waits on their layer events before reading that KV
+                    load_s = self.latency.host_load_seconds(self.host.take_unbilled())
+                    dt += load_s
+                    self.host_load_s += load_s
+                self.steps["prefill"] += 1
+                for req in batch.reqs:
+                    entry = self._inflight.get(req.rid)
+                    if entry is not None and entry[1].queue_time_s is None:
+                        entry[1].queue_time_s = now - entry[1].send
+            else:
+                dt = self.latency.decode_seconds(shape.batch_size, shape.context_tokens)
+                self.steps["decode"] += 1
+            self.clock.advance(dt)  # the forward's time passes, then its results are processed
+            finish()
+            self.busy_s += dt
+            done = self.clock()
+            for req in batch.reqs:
+                entry = self._inflight.get(req.rid)
+                if entry is None:
+                    continue
+                if entry[1].first_token is None and len(req.output_ids) > 0:
+                    entry[1].first_token = done
+                if req.finished():
+                    self._finished(req.rid, done)
+        if self._inflight:
+            raise SchedulerWedged(f"{len(self._inflight)} requests never finished")
+        engine.step(self.s)[1]()  # one idle iteration after the last turn, as a server has (metrics, self-check)
+        return ReplayResult([p.record for p in states], self.clock() - start)

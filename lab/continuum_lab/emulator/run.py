@@ -1,0 +1,184 @@
+"""One emulated run: one policy, one seed, one load; writes the run as JSON.
+
+``continuum-bench --emulate`` starts this in a fresh process per run (as the server bench starts
+a fresh server), so no state, plugin setting or Prometheus series leaks from one run to the next:
+
+    python -m continuum_lab.emulator.run --workload W --policy continuum \\
+        --profile configs/profiles/h100-sglang-llama-3.1-8b.json --jps 0.5 --seed 1 --out run.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+import orjson
+
+
+def emulate(
+    workload: Path,
+    policy: str,
+    profile_path: Path,
+    *,
+    jps: float,
+    seed: int,
+    max_total_tokens: int,
+    programs_limit: int = 0,
+    server_args: str = "",
+    env: Optional[dict[str, str]] = None,
+    vocab: int = 1000,
+    progress: bool = False,
+    no_ids: bool = False,
+    marks: tuple[float, ...] = (60.0,),
+) -> dict:
+    from continuum_lab.bench.policies import parse_policy, tlru_config
+    from continuum_lab.workloads.schema import load_workload
+
+    programs = load_workload(workload)
+    if programs_limit:
+        programs = programs[:programs_limit]
+    flags, policy_env = parse_policy(policy, cpu=True)
+    if "tlru" in flags:
+        flags += ["--radix-eviction-policy-config", json.dumps(tlru_config(programs))]
+    os.environ.update(policy_env)
+    os.environ.update(env or {})
+    os.environ.setdefault("SGLANG_CONTINUUM_PREFILL_PROFILE", str(Path(profile_path).resolve()))
+
+    from continuum_lab.emulator import sglang_engine as engine
+    from continuum_lab.emulator.driver import ClosedLoopDriver
+    from continuum_lab.emulator.step_model import StepLatencyModel
+    from sglang_continuum.core.admission_log import read_admission_log, summarize_admissions
+    from sglang_continuum.core.clock import ManualClock, use_clock
+
+    latency = StepLatencyModel.load(profile_path)
+    profile_flags = json.loads(Path(profile_path).read_text()).get("server_args", [])
+    extra_flags = [*profile_flags, *shlex.split(server_args)]
+    hicache = "--enable-hierarchical-cache" in flags
+    if hicache:
+        latency.check_host_transfers()
+        extra_flags = engine.hicache_flags(extra_flags, max_total_tokens, latency.kv_bytes_per_token)
+        # the plugin's reload cost reads the host pool's bytes per token, the accounting model's
+        # 64: scale the bandwidth so that its transfer times are the profiled model's
+        key = "SGLANG_CONTINUUM_HOST_BANDWIDTH_BYTES_PER_S"
+        real = float(os.environ.get(key, latency.host_bytes_per_s))
+        os.environ[key] = repr(real * engine.ACCOUNTING_KV_BYTES_PER_TOKEN / latency.kv_bytes_per_token)
+    clock = ManualClock(0.0)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="continuum-emu-") as tmp, use_clock(clock):
+        model_dir = engine.write_accounting_model(Path(tmp) / "model")
+        admission_log = Path(tmp) / "admissions.jsonl"
+        os.environ.setdefault("SGLANG_CONTINUUM_ADMISSION_LOG_PATH", str(admission_log))
+        args, argv = engine.server_args_for(model_dir, max_total_tokens, flags, extra_flags)
+        scheduler = engine.build_scheduler(args)
+        host = engine.count_host_transfers(scheduler) if hicache else None
+        if host is not None and engine.host_pool_bytes_per_token(scheduler) != engine.ACCOUNTING_KV_BYTES_PER_TOKEN:
+            raise RuntimeError(
+                f"the accounting model has {engine.host_pool_bytes_per_token(scheduler)} host KV bytes per token; update the bandwidth scaling"
+            )
+        build_s = time.perf_counter() - t0
+        from prometheus_client import REGISTRY, generate_latest
+
+        metrics_at: dict[str, str] = {}
+
+        def on_mark(seconds: float) -> None:  # what a /metrics scrape at that time would read
+            metrics_at[f"{seconds:g}"] = generate_latest(REGISTRY).decode()
+
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=sum(len(p.turns) for p in programs), desc=f"{policy} s{seed}", unit="turn", mininterval=5)
+        driver = ClosedLoopDriver(
+            scheduler,
+            latency,
+            clock,
+            seed=seed,
+            vocab=vocab,
+            close_sessions=policy.partition("+")[0] == "session",
+            send_program_id=not no_ids,
+            on_turn=(lambda t: bar.update(1)) if bar is not None else None,
+            host=host,
+            marks=marks,
+            on_mark=on_mark,
+        )
+        result = driver.run(programs, jps)
+        if bar is not None:
+            bar.close()
+        pool = engine.pool_accounting(scheduler)
+        log = getattr(scheduler.tree_cache, "admission_log", None)
+        if log is not None:
+            log.flush()
+        admissions = summarize_admissions(read_admission_log(admission_log))
+    return {
+        "policy": policy,
+        "seed": seed,
+        "jps": jps,
+        "replay": result.to_dict(),
+        "metrics_after": generate_latest(REGISTRY).decode(),
+        "admissions": admissions,
+        "metrics_at": metrics_at,
+        "emulator": {
+            "profile": latency.name,
+            "profile_path": str(profile_path),
+            "server_argv": argv,
+            "steps": driver.steps,
+            "busy_s": driver.busy_s,
+            "host_transfers": None
+            if host is None
+            else {
+                "loaded_tokens": host.loaded_tokens,
+                "written_tokens": host.written_tokens,
+                "load_s": driver.host_load_s,
+                "host_pool_tokens": engine.host_pool_tokens(scheduler),
+            },
+            "pool_after": pool,
+            "build_s": build_s,
+            "run_s": time.perf_counter() - t0 - build_s,
+        },
+    }
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", type=Path, required=True)
+    ap.add_argument("--policy", required=True)
+    ap.add_argument("--profile", type=Path, required=True)
+    ap.add_argument("--jps", type=float, required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-total-tokens", type=int, required=True)
+    ap.add_argument("--programs", type=int, default=0)
+    ap.add_argument("--server-args", default="")
+    ap.add_argument("--env", action="append", default=[], help="KEY=VALUE (repeatable)")
+    ap.add_argument("--vocab", type=int, default=1000)
+    ap.add_argument("--progress", action="store_true")
+    ap.add_argument("--no-ids", action="store_true", help="send no program metadata (programs are inferred)")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    run = emulate(
+        args.workload,
+        args.policy,
+        args.profile,
+        jps=args.jps,
+        seed=args.seed,
+        max_total_tokens=args.max_total_tokens,
+        programs_limit=args.programs,
+        server_args=args.server_args,
+        env=dict(kv.split("=", 1) for kv in args.env),
+        vocab=args.vocab,
+        progress=args.progress,
+        no_ids=args.no_ids,
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_bytes(orjson.dumps(run))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
