@@ -52,7 +52,8 @@ else
   # sglang and torchvision without their dependency metadata (both name CUDA-only packages).
   pip_install --no-deps "sglang==0.5.23" "torchvision==0.28.0"
   pip_install -r requirements/cpu.txt -r requirements/test.txt -r requirements/agents.txt -r requirements/router.txt
-  pip_install --no-deps -e . -e lab
+  pip_install --no-deps -e .
+  pip_install --no-deps -e lab  # after the plugin: the console scripts are the lab's
   site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   cp -r cpushim/continuum_cpushim.py cpushim/continuum_cpushim.pth cpushim/sgl_kernel "$site/"
   "$VENV/bin/python" -c "import sglang, torchvision, sglang_continuum.adapter.plugin, continuum_lab.cli.bench" \

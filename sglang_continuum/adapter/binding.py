@@ -6,22 +6,20 @@ processes are untouched):
 
 * ``_add_request_to_queue``: tags each arriving turn (records tool return times) and marks the
   queue order stale.
-* ``get_next_batch_to_run``: first a Continuum step (clock, expiry, offload, predictive reload;
-  memory given back re-opens admission), then SGLang's own batch selection, then pin
-  consumption for the turns that batch admitted.
+* ``get_next_batch_to_run``: first a Continuum step (clock, expiry, offload; memory given back
+  re-opens admission), then SGLang's own batch selection, then pin consumption for the turns
+  that batch admitted.
 * ``get_prefill_adder_class``: SGLang's ``PrefillAdder`` with two additions -- program-level
   admission control (a new program's first turn is skipped while the working sets of programs
   in flight, and of the turns this selection already took, fill the pool, unless the engine
   would idle) and a record of the first turn the budget refused (``NO_TOKEN``).
 * ``get_new_batch_prefill``: when SGLang's own admission refused a turn for memory, pins of
   programs ranked after it are shed (latest first) and admission is retried in the same step;
-  any pin may be shed when the engine would otherwise idle or the turn is overdue. A pin
-  therefore never keeps a higher-ranked turn out, and never wedges admission.
-* ``on_idle``: with ``check_integrity`` set, every invariant is checked while idle.
-* ``maybe_sleep_on_idle``: with ``--sleep-on-idle`` SGLang parks an idle loop in a zmq poll of
-  up to 1 s (``IdleSleeper``); the hooks above still run at least once a second (pins expire,
-  statistics are shared, metrics flushed, integrity checked), but a predictive reload due within
-  that second must start on time, so the loop does not park then.
+  any pin may be shed when the engine would otherwise idle. A pin therefore never keeps a
+  higher-ranked turn out, and never wedges admission.
+* ``on_idle``: with ``check_integrity`` set, every invariant is checked while idle. With
+  ``--sleep-on-idle`` SGLang parks an idle loop in a zmq poll of up to 1 s (``IdleSleeper``); the
+  hooks still run at least once a second (pins expire, statistics are shared, metrics flushed).
 
 Tensor parallelism: every rank runs this same loop over the same requests, so decisions agree as
 long as the clock does. With tp_size > 1 the step time is the minimum of the ranks' clocks
@@ -42,6 +40,7 @@ from sglang_continuum.adapter.radix_cache import ContinuumRadixCache
 from sglang_continuum.adapter.request import get_tag
 from sglang_continuum.adapter.schedule_policy import ContinuumSchedulePolicy
 from sglang_continuum.adapter.tool_identifier import make_identifier
+from sglang_continuum.core.bounded_waiting import MIN_OVERTAKES
 
 if TYPE_CHECKING:
     from sglang.srt.managers.scheduler import Scheduler
@@ -49,7 +48,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MAX_ADMISSION_RETRIES = 4  # re-runs of SGLang's prefill selection per step after shedding
-IDLE_SLEEP_S = 1.0  # how long SGLang's IdleSleeper polls its sockets (--sleep-on-idle)
 
 
 def _consensus_now(scheduler: "Scheduler", cache: ContinuumRadixCache) -> Callable[[], float]:
@@ -136,8 +134,7 @@ class Admission:
         return ContinuumPrefillAdder
 
     def hold_back(self, adder: PrefillAdder, req) -> bool:
-        """Admission control for ``req``; when holding it back would idle the engine, only past
-        ``idle_admission_overcommit`` (by default never)."""
+        """Admission control for ``req``; never when holding it back would idle the engine."""
         tag = get_tag(req)
         if tag is None or not tag.meta.has_program:
             return False
@@ -147,7 +144,6 @@ class Admission:
             tag,
             len(req.origin_input_ids),
             cache.token_to_kv_pool_allocator.size,
-            cache.step_clock(),
             idle=idle,
             pending_tokens=adder.continuum_pending_tokens,
         )
@@ -206,7 +202,6 @@ def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
     new_prefill = scheduler.get_new_batch_prefill
     adder_class = scheduler.get_prefill_adder_class
     on_idle = scheduler.on_idle
-    sleep_on_idle = scheduler.maybe_sleep_on_idle
 
     def _add_request_to_queue(req, is_retracted: bool = False):
         if not scheduler.waiting_queue and scheduler.running_batch.is_empty():
@@ -232,16 +227,7 @@ def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
                 break
             tag = get_tag(blocked)
             idle = plan.batch_to_run is None and plan.running_batch.is_empty()
-            if idle:
-                reason = "idle"
-            elif (
-                cache.settings.overdue_sheds_any_pin
-                and tag is not None
-                and controller.is_overdue(tag, cache.step_clock())
-            ):
-                reason = "overdue"  # ablation: the old 3 s bound's rule
-            else:
-                reason = "admission"
+            reason = "idle" if idle else "admission"
             if not cache.shed_for(tag, tokens=admission.shortfall, reason=reason, program_waiting=program_waiting):
                 break
             plan.running_batch.batch_is_full = False  # memory came back: admission is open again
@@ -263,10 +249,6 @@ def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
         if batch is not None and not batch.forward_mode.is_decode():
             for req in batch.reqs:  # newly admitted turns hold their prefix now: consume pins
                 cache.on_admitted(req)
-            if cache.host_tier is not None and batch.hicache_consumer_index < 0:
-                # a predictive reload still in flight: this batch may read its KV, so its forward
-                # waits on that load's layer events like on a load of its own
-                batch.hicache_consumer_index = cache.host_tier.reload_pending_index()
         cache.publish_metrics(scheduler.waiting_queue)
         return plan
 
@@ -276,8 +258,8 @@ def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
         nonlocal next_check
         cache.exchange_stats(cache.step_clock.read_source())  # an idle worker still shares and learns
         cache.publish_metrics(scheduler.waiting_queue, force=True)  # the last step's changes reach /metrics
-        if cache.admission_log is not None:
-            cache.admission_log.flush()
+        if cache.event_log is not None:
+            cache.event_log.flush()
         if cache.has_queued_turns() and not scheduler.waiting_queue and scheduler.is_fully_idle():
             cache.forget_unqueued()
         if (
@@ -289,28 +271,21 @@ def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
             cache.check_integrity()
         return on_idle()
 
-    def maybe_sleep_on_idle():
-        due = controller.next_reload_at()
-        if due is not None and due - cache.step_clock.read_source() < IDLE_SLEEP_S:
-            return  # a predictive reload is due before the poll would return: keep the loop spinning
-        sleep_on_idle()
-
     scheduler._add_request_to_queue = _add_request_to_queue
     scheduler.get_next_batch_to_run = get_next_batch_to_run
     scheduler.get_new_batch_prefill = get_new_batch_prefill
     scheduler.get_prefill_adder_class = get_prefill_adder_class
     scheduler.on_idle = _on_idle
-    scheduler.maybe_sleep_on_idle = maybe_sleep_on_idle
     policy.admission = admission  # read by tests: the last selection's blocked turn
     _save_stats_on_sigterm(cache)
     logger.info(
-        "continuum: active (ttl_model=%s, pin budget=%d tokens, overdue after %d overtakes (down to %d as the "
-        "pool thrashes)%s, admission control %s)",
-        cache.settings.ttl_model,
+        "continuum: active (rules %s, ttl model %s, pin budget %d tokens, overdue after %d overtakes (down to %d "
+        "as the pool thrashes), admission control %s)",
+        controller.rules.name,
+        controller.ttl_model.name,
         controller.pins.budget_tokens,
         cache.settings.max_overtakes,
-        min(cache.settings.min_overtakes, cache.settings.max_overtakes),
-        f" or {cache.settings.max_queue_wait_s:g}s" if cache.settings.max_queue_wait_s > 0 else "",
+        min(MIN_OVERTAKES, cache.settings.max_overtakes),
         "on" if cache.settings.admission_control else "off",
     )
     return policy

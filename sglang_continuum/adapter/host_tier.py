@@ -2,7 +2,7 @@
 
 SGLang 0.5.23 keeps the host tier inside ``UnifiedRadixCache`` (``init_hicache``): a host pool,
 a ``HybridCacheController`` that copies device<->host, and per-node host state in the tree. Continuum
-needs five operations from it, each a thin call into that machinery:
+needs four operations from it, each a thin call into that machinery:
 
 * ``back_up(node)``: give a node's whole path a host copy. Under ``write_through`` it already has
   one (backed up at insert); under ``write_through_selective`` and ``write_back`` an unbacked path
@@ -11,9 +11,6 @@ needs five operations from it, each a thin call into that machinery:
   SGLang's own write-back eviction step) when the device memory is needed right away.
 * ``host_lock`` / ``host_unlock``: protect the host copy from host eviction (``host_lock_ref`` on
   the path's last node; host eviction only takes unlocked host leaves, so the path is safe).
-* ``reload(node)``: predictive reload -- ``load_back`` plus ``start_loading`` outside a batch, the
-  shape PD decode uses for local restores, only when no other load is in flight and without
-  shedding pins.
 * ``reload_cost()``: the transfer-time model, from the host pool's bytes per token.
 """
 
@@ -48,7 +45,6 @@ class HostTier:
         self.capacity_tokens = int(host.size)
         self.bytes_per_token = int(host.anchor_entry.host_pool.size_per_token)
         self.device_tokens = int(cache.token_to_kv_pool_allocator.size)
-        self.reload_index = -1  # producer index of the predictive reload in flight, if any
 
     @classmethod
     def attach(cls, cache: "UnifiedRadixCache") -> Optional["HostTier"]:
@@ -95,26 +91,3 @@ class HostTier:
 
     def on_device(self, node: int) -> bool:
         return not self.cache.tree_core.is_full_device_evicted(node)
-
-    # -- predictive reload ---------------------------------------------------------------
-    def reload(self, node: int, tokens: int) -> bool:
-        """Start loading ``node``'s evicted path back to the device. Declined while another load
-        is in flight (its layer-event slots belong to the scheduler's batches) or when it would
-        not fit in free plus evictable memory; the caller keeps pins from being shed meanwhile."""
-        cache = self.cache
-        controller = cache.cache_controller
-        if self.on_device(node) or controller.load_queue or controller.ack_load_queue:
-            return False
-        room = cache.token_to_kv_pool_allocator.available_size() + cache.evictable_size()
-        if tokens > room:
-            return False
-        if not cache.load_back(node, mem_quota=room):
-            return False
-        self.reload_index = cache.ready_to_load_host_cache()
-        return True
-
-    def reload_pending_index(self) -> int:
-        """The layer-event slot a batch must wait on before reading reloaded KV (-1: none)."""
-        if self.reload_index >= 0 and self.cache.is_load_back_event_done(self.reload_index):
-            self.reload_index = -1
-        return self.reload_index

@@ -13,20 +13,16 @@ first tool gap therefore goes unpinned; every later one is pinned like an explic
 
 from __future__ import annotations
 
-import logging
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Callable, Optional
 
-import orjson
-
+from sglang_continuum.core.event_log import EventLog
 from sglang_continuum.core.metadata import SOURCE_INFERRED, SOURCE_NONE, ProgramMeta
 from sglang_continuum.core.program_inference import ProgramIndex
-from sglang_continuum.core.settings import ContinuumSettings
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
 
-logger = logging.getLogger(__name__)
 PROVISIONAL_ATTR = "_continuum_provisional"  # the provisional program id of a request with no program
 
 
@@ -36,15 +32,11 @@ def is_inferred(meta: ProgramMeta) -> bool:
 
 
 class ProgramInference:
-    def __init__(self, settings: ContinuumSettings, alive: Callable[[str], bool], *, write_log: bool = True) -> None:
-        self.index = ProgramIndex(
-            divergence_tokens=settings.infer_divergence_tokens, max_programs=settings.max_programs
-        )
+    def __init__(self, alive: Callable[[str], bool], *, event_log: Optional[EventLog] = None) -> None:
+        self.index = ProgramIndex()
         self._registered = alive
         self._provisional: OrderedDict[str, None] = OrderedDict()  # recorded, not (yet) a program; bounded
-        self._log = None
-        if settings.attribution_log and write_log:
-            self._log = open(settings.attribution_log, "ab", buffering=0)  # one write per line: readable while serving
+        self._log = event_log
 
     def alive(self, program_id: str) -> bool:
         """A recorded context may still be continued: its program is registered, or provisional."""
@@ -63,7 +55,7 @@ class ProgramInference:
             logged = self.index.new_program()
             setattr(req, PROVISIONAL_ATTR, logged)
         if self._log is not None:
-            self._write(req.rid, logged, meta.source)
+            self._log.attributed(req.rid, logged, meta.source)
         return meta
 
     def provisional_finished(self, req: "Req") -> None:
@@ -93,14 +85,6 @@ class ProgramInference:
             context = list(req.origin_input_ids) + list(req.output_ids)
         if prompt > 0:
             self.index.record(program_id, context, prompt, len(context))
-
-    def _write(self, rid: Optional[str], program_id: str, source: str) -> None:
-        try:
-            line = {"rid": rid, "program_id": program_id, "source": source}
-            self._log.write(orjson.dumps(line) + b"\n")
-        except (OSError, TypeError):  # a debugging aid must never take serving down
-            logger.exception("continuum: attribution log write failed; logging off")
-            self._log = None
 
     def check_integrity(self) -> None:
         self.index.check_integrity()

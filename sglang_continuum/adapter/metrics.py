@@ -24,7 +24,7 @@ def gauge_values(
         "tracked_programs": len(controller.programs),
         "programs_in_flight": controller.programs.working_programs,
         "working_set_tokens": controller.programs.working_set_tokens,
-        "working_set_reserved_tokens": controller.admission_control.reserved_tokens(),
+        "working_set_reserved_tokens": controller.programs.reserved_tokens(),
         "expected_final_context_tokens": controller.programs.expected_final_context,
         "return_loss_ratio": controller.admission_control.return_loss.ratio,
         "overtake_budget": controller.bounded.budget(),
@@ -44,7 +44,7 @@ class ContinuumMetrics:
         self._add(s for s in SERIES if not s.host_only)
 
     def add_host_series(self) -> None:
-        """HiCache is on: series for offloads, host hits and predictive reloads."""
+        """HiCache is on: series for offloads and host hits."""
         self._add(s for s in SERIES if s.host_only and s.source not in self._metrics)
 
     def _add(self, series) -> None:

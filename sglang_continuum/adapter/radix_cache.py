@@ -31,11 +31,12 @@ from sglang_continuum.adapter.host_tier import HostTier
 from sglang_continuum.adapter.inference import ProgramInference, is_inferred
 from sglang_continuum.adapter.metrics import ContinuumMetrics
 from sglang_continuum.adapter.request import context_tokens, get_tag, read_program_meta, set_tag
-from sglang_continuum.core.admission_log import AdmissionLog
 from sglang_continuum.core.clock import Clock, StepClock, default_clock
 from sglang_continuum.core.controller import ContinuumController
 from sglang_continuum.core.cost_model import PrefillProfile
+from sglang_continuum.core.event_log import EventLog
 from sglang_continuum.core.metadata import MalformedReporter, ProgramMeta
+from sglang_continuum.core.offload import HOST_PIN_BUDGET_FRACTION
 from sglang_continuum.core.persistence import StatsSaver, load_stats
 from sglang_continuum.core.pins import Pin, Tier
 from sglang_continuum.core.settings import ContinuumSettings
@@ -61,7 +62,6 @@ class ContinuumRadixCache(UnifiedRadixCache):
     ) -> None:
         self.controller: Optional[ContinuumController] = None  # reset() runs inside super().__init__
         self.host_tier: Optional[HostTier] = None  # set by init_hicache
-        self._may_shed = True  # False while a predictive reload allocates: it must not cost a pin
         # whether a program has a turn in the waiting queue (set by the binding; None: unknown)
         self.program_waiting: Optional[Callable[[str], bool]] = None
         # program turns in the waiting queue, not admitted, by rid: an abort there reaches the
@@ -91,13 +91,13 @@ class ContinuumRadixCache(UnifiedRadixCache):
             load_stats(self.controller, self.settings.stats_path)
             if tp_rank == 0 and params.pp_rank == 0:  # one writer per server
                 self.saver = StatsSaver(self.settings.stats_path)
-        self._next_stats_save = self.step_clock() + self.settings.stats_save_interval_s
-        self.admission_log: Optional[AdmissionLog] = None
-        if self.settings.admission_log_path and tp_rank == 0 and params.pp_rank == 0:
-            self.admission_log = AdmissionLog(self.settings.admission_log_path)
+        self._next_stats_save = self.step_clock() + self.controller.timings.stats_save_interval_s
+        self.event_log: Optional[EventLog] = None
+        if self.settings.event_log and tp_rank == 0 and params.pp_rank == 0:
+            self.event_log = EventLog(self.settings.event_log)
         self.exchange: Optional[StatsExchange] = self._start_exchange(tp_size)
         self.inference: Optional[ProgramInference] = (
-            ProgramInference(self.settings, self.controller.programs.__contains__, write_log=tp_rank == 0)
+            ProgramInference(self.controller.programs.__contains__, event_log=self.event_log)
             if self.settings.infer_programs
             else None
         )
@@ -113,12 +113,7 @@ class ContinuumRadixCache(UnifiedRadixCache):
             logger.warning("continuum: shared tool statistics are off: they need tp_size 1 (got %d)", tp_size)
             return None
         try:
-            exchange = StatsExchange(
-                s.stats_publish_endpoint,
-                s.stats_peer_endpoints,
-                interval_s=s.stats_exchange_interval_s,
-                history=s.stats_exchange_history,
-            )
+            exchange = StatsExchange(s.stats_publish_endpoint, s.stats_peer_endpoints)
         except Exception as exc:  # e.g. the publish port is taken: serve on, with local statistics only
             logger.error("continuum: shared tool statistics are off: %s", exc)
             return None
@@ -151,20 +146,19 @@ class ContinuumRadixCache(UnifiedRadixCache):
                 profile = PrefillProfile.load(self.settings.prefill_profile)
             bandwidth = profile.host_bytes_per_s
         reload = self.host_tier.reload_cost(bandwidth)
-        budget = int(self.host_tier.capacity_tokens * self.settings.host_pin_budget_fraction)
+        budget = int(self.host_tier.capacity_tokens * HOST_PIN_BUDGET_FRACTION)
         self.controller.attach_host_tier(reload=reload, host_budget_tokens=budget, hold_cost=self.host_tier.hold_cost)
         if self.metrics is not None:
             self.metrics.add_host_series()
         logger.info(
             "continuum: HiCache host tier (write policy %s, %d host tokens, host pin budget %d, "
-            "reload %.0f MB/s at %d bytes/token, offload %s, predictive reload %s)",
+            "reload %.0f MB/s at %d bytes/token, offload %s)",
             self.host_tier.write_policy,
             self.host_tier.capacity_tokens,
             budget,
             reload.bytes_per_s / 1e6,
             reload.bytes_per_token,
             "on" if self.settings.offload_to_host else "off",
-            "on" if self.settings.predictive_reload else "off",
         )
 
     # -- request lifecycle ---------------------------------------------------------------
@@ -251,17 +245,17 @@ class ContinuumRadixCache(UnifiedRadixCache):
                 tag,
                 len(req.origin_input_ids),
                 host_loaded=int(getattr(req, "host_loaded_length", 0) or 0),
-                device_prefix=int(getattr(req, "prefix_len", 0) or 0),
+                cached=int(getattr(req, "prefix_len", 0) or 0),
             )
-            if self.admission_log is not None:
-                self.admission_log.write(req.rid, self.step_clock(), self.controller.last_admission)
+            if self.event_log is not None:
+                self.event_log.admitted(req.rid, self.step_clock(), self.controller.last_admission)
 
-    def admit_turn(self, tag: TurnTag, context_tokens: int, *, host_loaded: int = 0, device_prefix: int = 0) -> None:
+    def admit_turn(self, tag: TurnTag, context_tokens: int, *, host_loaded: int = 0, cached: int = 0) -> None:
         """The turn holds its own lock on its prefix now: consume its program's pin (and host pin).
-        ``device_prefix`` is SGLang's ``prefix_len``, which by admission counts host-loaded tokens too."""
-        self._release([self.controller.turn_admitted(tag, context_tokens, cached_tokens=device_prefix)])
+        ``cached`` is SGLang's ``prefix_len``, which by admission counts host-loaded tokens too."""
+        self._release([self.controller.turn_admitted(tag, context_tokens, cached_tokens=cached)])
         if self.host_tier is not None:
-            self._release(self.controller.host_returned(tag, host_loaded, device_prefix))
+            self._release(self.controller.host_returned(tag, host_loaded))
 
     def abort_turn(self, meta: ProgramMeta) -> None:
         self._release(self.controller.turn_aborted(meta))
@@ -271,14 +265,14 @@ class ContinuumRadixCache(UnifiedRadixCache):
 
     def step(self, now: float, program_waiting: Callable[[str], bool]) -> bool:
         """Once per scheduler iteration: advance the clock and execute the controller's step plan
-        (expiry, offload, predictive reload); hand statistics to the saver.
+        (expiry, offload); hand statistics to the saver.
         Returns whether device memory was given back."""
         self.step_clock.set(now)
         plan = self.controller.step(program_waiting)
         freed = self._execute(plan)
         self.exchange_stats(now)
         if self.saver is not None and now >= self._next_stats_save:
-            self._next_stats_save = now + self.settings.stats_save_interval_s
+            self._next_stats_save = now + self.controller.timings.stats_save_interval_s
             self.saver.submit(self.controller.snapshot())
         return freed
 
@@ -322,13 +316,13 @@ class ContinuumRadixCache(UnifiedRadixCache):
     ) -> int:
         """Shed pins (latest program first) worth at least ``tokens`` for the blocked turn
         ``tag``. ``reason`` "admission": only pins of programs ranked after it; "idle" (the
-        engine would otherwise idle: the paper's deadlock rule) and "overdue" (ablation): any
-        rank. Never the turn's own program's pin, and never a pin whose program's next turn is
-        already waiting (``program_waiting``: shedding it throws away a certain hit) -- except on
-        the idle path once nothing else is left."""
+        engine would otherwise idle: the paper's deadlock rule): any rank. Never the turn's own
+        program's pin, and never a pin whose program's next turn is already waiting
+        (``program_waiting``: shedding it throws away a certain hit) -- except on the idle path
+        once nothing else is left."""
         keep = tag.meta.program_id if tag is not None else None
         after = tag.program_rank if reason == "admission" and tag is not None else None
-        spare = None if self.settings.shed_waiting_pins else program_waiting
+        spare = program_waiting
         shed = 0
         while shed < max(1, tokens):
             pin = self.controller.shed(reason, ranked_after=after, keep=keep, spare_waiting=spare)
@@ -336,7 +330,6 @@ class ContinuumRadixCache(UnifiedRadixCache):
                 pin = self.controller.shed(reason, ranked_after=after, keep=keep)
             if pin is None:
                 break
-            self.controller.admission.admission_sheds += 1
             self._release([pin], offload=True, sync=True)
             shed += pin.tokens
         return shed
@@ -371,7 +364,7 @@ class ContinuumRadixCache(UnifiedRadixCache):
         allocator = self.token_to_kv_pool_allocator
         target = allocator.available_size() + params.num_tokens
         result = super().evict_for_alloc(params, allocation_reclaim_satisfied=allocation_reclaim_satisfied)
-        if self.controller is None or not len(self.controller.pins) or not self._may_shed:
+        if self.controller is None or not len(self.controller.pins):
             return result
 
         def satisfied() -> bool:
@@ -403,8 +396,8 @@ class ContinuumRadixCache(UnifiedRadixCache):
 
     def shutdown(self) -> None:
         self.save_stats_now()  # warm start for the next server
-        if self.admission_log is not None:
-            self.admission_log.close()
+        if self.event_log is not None:
+            self.event_log.close()
         if self.exchange is not None:
             self.exchange.close()
             self.exchange = None
@@ -423,8 +416,6 @@ class ContinuumRadixCache(UnifiedRadixCache):
         self._release(plan.expired, offload=True)
         self._release(plan.released)
         self._release(plan.host_expired)
-        if plan.reloads:
-            self._start_predictive_reloads(plan.reloads)
         return freed
 
     def _release(self, pins: Iterable[Optional[Pin]], *, offload: bool = False, sync: bool = False) -> None:
@@ -461,14 +452,3 @@ class ContinuumRadixCache(UnifiedRadixCache):
         logger.debug(
             "continuum: offloaded program=%s tokens=%d host_ttl=%.3fs", pin.program_id, pin.tokens, outcome.ttl
         )
-
-    def _start_predictive_reloads(self, due: list[Pin]) -> None:
-        for pin in due:
-            self._may_shed = False
-            try:
-                started = self.host_tier.reload(pin.handle.node, pin.tokens)
-            finally:
-                self._may_shed = True
-            if started:
-                self.controller.reload_started(pin)
-                return  # one load in flight at a time

@@ -11,7 +11,7 @@ placed with (stored on the request), and a step does only:
 * pin changes: the requests of the programs whose pin changed since the last step (the pin
   table's change log; an index program -> placed requests), moved;
 * overdue: requests whose bound passed, moved: a heap by the admission count at which they are
-  overtaken as many times as their budget, and one by due time for the optional absolute ceiling.
+  overtaken as many times as their budget.
 
 A request is found in the queue by bisecting on its placed key (keys are unique: they end in the
 request's arrival rank), so a request that has left is simply not found. Anything not known
@@ -73,8 +73,7 @@ class ContinuumSchedulePolicy(SchedulePolicy):
         self._pins_version = -1
         self._by_program: dict[str, list[Req]] = {}  # placed requests per program (lazily pruned)
         self._indexed = 0
-        self._due: list[tuple[float, int, Req]] = []  # (overdue at, request rank, request)
-        self._due_admitted: list[tuple[int, int, Req]] = []  # (overdue after N admissions, rank, request)
+        self._due: list[tuple[int, int, Req]] = []  # (overdue after N admissions, rank, request)
         self._steps = 0
         self.sorts = 0  # full sorts (a benchmark and test figure)
         self.moves = 0  # incremental insertions and moves
@@ -114,7 +113,6 @@ class ContinuumSchedulePolicy(SchedulePolicy):
             self._rebuild = True  # the first program to arrive makes the keys matter
             return
         controller = cache.controller
-        now = cache.step_clock()
         changed = controller.pins_changed_since(self._pins_version)
         self._pins_version = controller.pins_version
         self._steps += 1
@@ -122,34 +120,31 @@ class ContinuumSchedulePolicy(SchedulePolicy):
             logger.warning("continuum: waiting queue found out of order; re-sorting")
             self._rebuild = True
         if self._rebuild or changed is None:
-            self._sort_all(queue, now)
+            self._sort_all(queue)
         else:
             del queue[cut:]
             for pid in changed:
-                self._move(queue, self._by_program.get(pid, ()), now)
-            due = self._due
-            while due and due[0][0] <= now:
-                self._move(queue, (heapq.heappop(due)[2],), now)
-            due_admitted, admitted = self._due_admitted, controller.admission.admitted
-            while due_admitted and due_admitted[0][0] <= admitted:
-                self._move(queue, (heapq.heappop(due_admitted)[2],), now)
+                self._move(queue, self._by_program.get(pid, ()))
+            due, admitted = self._due, controller.admission.admitted
+            while due and due[0][0] <= admitted:
+                self._move(queue, (heapq.heappop(due)[2],))
             for req in arrivals:
-                self._insert(queue, req, now)
+                self._insert(queue, req)
             limit = 2 * len(queue) + 64
-            if self._indexed > limit or len(due) > limit or len(due_admitted) > limit:
+            if self._indexed > limit or len(due) > limit:
                 self._reindex(queue)
         if self.verify:
-            self.check_order(queue, now)
+            self.check_order(queue)
 
     # -- integrity -----------------------------------------------------------------------
-    def check_order(self, queue: List[Req], now: float) -> None:
+    def check_order(self, queue: List[Req]) -> None:
         """Every request's placed key is its current key and the queue is sorted by it."""
         if not self._programs_seen:
             return
         controller = self.continuum_cache.controller
         keys = [_placed_key(r) for r in queue]
         for req, key in zip(queue, keys):
-            fresh = controller.priority_key(get_tag(req), req.is_retracted, now)
+            fresh = controller.priority_key(get_tag(req), req.is_retracted)
             assert key == fresh, f"stale queue key for {req.rid}: placed {key}, now {fresh}"
         assert all(a < b for a, b in zip(keys, keys[1:])), "waiting queue out of order"
 
@@ -161,25 +156,22 @@ class ContinuumSchedulePolicy(SchedulePolicy):
             return False
         return all(map(operator.lt, keys, keys[1:]))
 
-    def _key(self, req: Req, now: float) -> tuple:
-        return self.continuum_cache.controller.priority_key(get_tag(req), req.is_retracted, now)
+    def _key(self, req: Req) -> tuple:
+        return self.continuum_cache.controller.priority_key(get_tag(req), req.is_retracted)
 
-    def _place(self, req: Req, now: float) -> tuple:
-        """Compute and store ``req``'s key; index it by program and by overdue time."""
-        key = self._key(req, now)
+    def _place(self, req: Req) -> tuple:
+        """Compute and store ``req``'s key; index it by the admission count that makes it overdue."""
+        key = self._key(req)
         setattr(req, KEY_ATTR, key)
         tag = get_tag(req)
         controller = self.continuum_cache.controller
-        due = controller.bounded.overdue_at(tag)
-        if due is not None and due > now:
-            heapq.heappush(self._due, (due, tag.request_rank, req))
         after = controller.bounded.overdue_after(tag)
         if after is not None and after > controller.admission.admitted:
-            heapq.heappush(self._due_admitted, (after, tag.request_rank, req))
+            heapq.heappush(self._due, (after, tag.request_rank, req))
         return key
 
-    def _insert(self, queue: List[Req], req: Req, now: float) -> None:
-        key = self._place(req, now)
+    def _insert(self, queue: List[Req], req: Req) -> None:
+        key = self._place(req)
         queue.insert(bisect.bisect_left(queue, key, key=_placed_key), req)
         pid = get_tag(req).meta.program_id
         if pid is not None:
@@ -187,7 +179,7 @@ class ContinuumSchedulePolicy(SchedulePolicy):
             self._indexed += 1
         self.moves += 1
 
-    def _move(self, queue: List[Req], reqs: Iterable[Req], now: float) -> None:
+    def _move(self, queue: List[Req], reqs: Iterable[Req]) -> None:
         """Re-key requests that may still wait (found by bisecting on their placed key)."""
         for req in list(reqs):
             key = getattr(req, KEY_ATTR, None)
@@ -196,7 +188,7 @@ class ContinuumSchedulePolicy(SchedulePolicy):
             i = bisect.bisect_left(queue, key, key=_placed_key)
             if i < len(queue) and queue[i] is req:
                 del queue[i]
-                key = self._place(req, now)
+                key = self._place(req)
                 queue.insert(bisect.bisect_left(queue, key, key=_placed_key), req)
                 self.moves += 1
             else:  # it left the queue (admitted or aborted): forget it
@@ -211,11 +203,10 @@ class ContinuumSchedulePolicy(SchedulePolicy):
             if not reqs:
                 del self._by_program[pid]
 
-    def _sort_all(self, queue: List[Req], now: float) -> None:
+    def _sort_all(self, queue: List[Req]) -> None:
         self._due.clear()
-        self._due_admitted.clear()
         for req in queue:
-            self._place(req, now)
+            self._place(req)
         queue.sort(key=_placed_key)
         self._reindex(queue)
         self._rebuild = False
@@ -229,7 +220,6 @@ class ContinuumSchedulePolicy(SchedulePolicy):
                 self._by_program.setdefault(pid, []).append(req)
         self._indexed = sum(map(len, self._by_program.values()))
         self._due = self._pruned(self._due, queue)
-        self._due_admitted = self._pruned(self._due_admitted, queue)
 
     @staticmethod
     def _pruned(heap: list, queue: List[Req]) -> list:
@@ -250,4 +240,3 @@ class ContinuumSchedulePolicy(SchedulePolicy):
         self._by_program.clear()
         self._indexed = 0
         self._due.clear()
-        self._due_admitted.clear()

@@ -1,20 +1,19 @@
 """Bounded waiting: when a waiting request becomes overdue (``docs/bounded-waiting.md``).
 
 Program-level FCFS lets earlier programs' turns overtake a late program's request. A request is
-overdue once ``budget`` requests that arrived after it were admitted ahead of it (a bound in the
-engine's own pace: seconds on a fast engine, longer when it slows down), or, optionally, once it
-has waited ``max_queue_wait_s`` (an absolute ceiling, off by default).
+overdue once ``budget`` requests that arrived after it were admitted ahead of it: a bound in the
+engine's own pace (seconds on a fast engine, longer when it slows down).
 
 The budget is what fairness lends to locality: earlier programs go first so that their contexts
 are still there when they come back. While the pool keeps locality the budget is
 ``max_overtakes``. When it thrashes anyway (returning programs lose more than ``THRASH_LOSS`` of
 their contexts, ``ReturnLossMeter``) being overtaken buys the late request nothing, so the budget
-falls linearly with the return loss to ``min_overtakes`` (everything lost). A tighter budget
-spreads service and can raise the loss further, so the floor is one measured not to cost where
-the pool thrashes (2 by default; 1 was slower there). A program's first turn keeps
-``max_overtakes``: an overdue first turn may pass admission control, and while the pool thrashes
-keeping new programs at the door is the load control it needs most. A request's budget is fixed when it enters the queue, so its key changes only at
-events the adapter's incremental order knows (``adapter/schedule_policy.py``).
+falls linearly with the return loss to ``MIN_OVERTAKES`` (everything lost). A tighter budget
+spreads service and can raise the loss further, so the floor is the one measured not to cost
+where the pool thrashes. A program's first turn keeps ``max_overtakes``: while the pool thrashes,
+keeping new programs at the door is the load control it needs most. A request's budget is fixed
+when it enters the queue, so its key changes only at events the adapter's incremental order knows
+(``adapter/schedule_policy.py``).
 """
 
 from __future__ import annotations
@@ -23,28 +22,37 @@ from typing import Optional
 
 from sglang_continuum.core.counters import AdmissionCounters
 from sglang_continuum.core.return_loss import ReturnLossMeter
-from sglang_continuum.core.settings import ContinuumSettings
 from sglang_continuum.core.turns import TurnTag
 
 # The pool thrashes when returning programs lose more than half of their contexts; below that the
-# budget stays at max_overtakes (at paper scale, emulated, 90% of returning turns see a return
-# loss under 0.47; on the CPU starvation probe it is 0.85-1.0).
+# budget stays at max_overtakes.
 THRASH_LOSS = 0.5
+MIN_OVERTAKES = 2  # the budget when returning programs find none of their contexts (>= 1: 0 means no bound)
 
 
 class BoundedWaiting:
-    def __init__(self, settings: ContinuumSettings, admission: AdmissionCounters, return_loss: ReturnLossMeter) -> None:
-        self.settings = settings
+    def __init__(
+        self,
+        max_overtakes: int,
+        admission: AdmissionCounters,
+        return_loss: ReturnLossMeter,
+        *,
+        min_overtakes: int = MIN_OVERTAKES,
+    ) -> None:
+        if min_overtakes < 1:
+            raise ValueError("min_overtakes must be >= 1 (a budget of 0 means no bound)")
+        self.max_overtakes = max_overtakes
+        self.min_overtakes = min_overtakes
         self.admission = admission  # its ``admitted`` is the clock overtakes are counted on
         self.return_loss = return_loss
 
     def budget(self, *, first_turn: bool = False) -> int:
         """Later arrivals that may be admitted ahead of a request entering the queue now (0: no
         bound); ``first_turn``: a program's first turn, which keeps the full budget."""
-        k_max = self.settings.max_overtakes
+        k_max = self.max_overtakes
         if k_max <= 0 or first_turn:
             return k_max
-        k_min = min(self.settings.min_overtakes, k_max)
+        k_min = min(self.min_overtakes, k_max)
         loss = self.return_loss.ratio
         if not self.return_loss.ready or loss <= THRASH_LOSS:
             return k_max
@@ -69,14 +77,6 @@ class BoundedWaiting:
         k = tag.overtake_budget
         return tag.overtake_base + k if k > 0 else None
 
-    def overdue_at(self, tag: TurnTag) -> Optional[float]:
-        """The time at which ``tag`` becomes overdue (None: no absolute ceiling)."""
-        limit = self.settings.max_queue_wait_s
-        return tag.queued_at + limit if limit > 0 else None
-
-    def is_overdue(self, tag: TurnTag, now: float) -> bool:
+    def is_overdue(self, tag: TurnTag) -> bool:
         due = self.overdue_after(tag)
-        if due is not None and self.admission.admitted >= due:
-            return True
-        at = self.overdue_at(tag)
-        return at is not None and now >= at
+        return due is not None and self.admission.admitted >= due

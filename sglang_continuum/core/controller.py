@@ -8,13 +8,14 @@ handles that the adapter locks and unlocks.
 
 With a host tier (HiCache) a second pin table holds host pins: a device pin that expires or is
 shed before its program returns is offloaded (``offload``) and its host copy protected for a host
-TTL; host pins end like device pins (next turn admitted, last step, abort, expiry, budget), and
-optionally schedule a predictive reload shortly before the tool's predicted return.
+TTL; host pins end like device pins (next turn admitted, last step, abort, expiry, budget).
+
+Which queue order and which TTL model it runs is its ``Rules`` (``core/rules.py``): the product's
+by default, a lab variant's by name.
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import logging
 from typing import Callable, Optional
@@ -33,15 +34,14 @@ from sglang_continuum.core.counters import (
     counter_values,
 )
 from sglang_continuum.core.metadata import ProgramMeta
-from sglang_continuum.core.offload import ReloadCost, predicted_return
+from sglang_continuum.core.offload import ReloadCost
 from sglang_continuum.core.pins import Pin, PinTable, Tier
-from sglang_continuum.core.priority import priority_key
 from sglang_continuum.core.programs import ProgramRegistry, ProgramState
+from sglang_continuum.core.rules import Rules, resolve_rules
 from sglang_continuum.core.settings import ContinuumSettings
 from sglang_continuum.core.stats_exchange import DURATION, OUTCOME, Sample
 from sglang_continuum.core.tool_stats import UNKNOWN_TOOL, ToolStats
 from sglang_continuum.core.ttl import TTLModel, TTLQuery
-from sglang_continuum.core.ttl_registry import build_ttl_model
 from sglang_continuum.core.turns import AdmissionRecord, FinishOutcome, StepPlan, TurnTag
 
 logger = logging.getLogger(__name__)
@@ -54,22 +54,15 @@ class ContinuumController:
         *,
         clock: Clock,
         budget_tokens: int = 0,
-        ttl_model: Optional[TTLModel] = None,
+        rules: Optional[Rules] = None,
     ) -> None:
         self.settings = settings
+        self.rules = rules or resolve_rules(settings.rules)
         self.clock = clock
-        self.programs = ProgramRegistry(
-            max_programs=settings.max_programs,
-            idle_timeout_s=settings.program_idle_timeout_s,
-            working_set_window_s=settings.working_set_window_s,
-            final_context_window=settings.final_context_window,
-        )
-        self.stats = ToolStats(
-            window=settings.tool_window,
-            global_window=settings.global_window,
-            max_tools=settings.max_tools,
-            return_window=settings.return_window,
-        )
+        self.timings = self.rules.timings
+        self.timings.check(settings.max_ttl_s)
+        self.programs = ProgramRegistry(idle_timeout_s=self.timings.program_idle_timeout_s)
+        self.stats = ToolStats()
         self.pins = PinTable(budget_tokens)
         self.counters = PinCounters()
         self.host_pins = PinTable(0)  # empty budget until attach_host_tier
@@ -80,22 +73,20 @@ class ContinuumController:
         self.identity = IdentityCounters()
         self._terminal_tools = frozenset(settings.terminal_tools)
         self.reload_cost: Optional[ReloadCost] = None
-        self._reload_heap: list[tuple[float, int, Pin]] = []  # (start time, seq, host pin)
-        self._reloading: dict[str, int] = {}  # program -> tokens reloaded, until its turn is admitted
-        self.ttl_model: TTLModel = ttl_model or build_ttl_model(settings, self.stats)
+        self.ttl_model: TTLModel = self.rules.ttl_model(settings, self.stats)
         self._rank = itertools.count(1)
         # each tool sample recorded here is also handed to this (a StatsExchange's record)
         self.share_sample: Optional[Callable[[str, str, float], None]] = None
         self.last_admission: Optional[AdmissionRecord] = None  # the latest turn_admitted's record
-        self.admission_control = AdmissionControl(settings, self.programs, self.admission)
-        self.bounded = BoundedWaiting(settings, self.admission, self.admission_control.return_loss)
+        self.admission_control = AdmissionControl(settings.admission_control, self.programs, self.admission)
+        self.bounded = BoundedWaiting(settings.max_overtakes, self.admission, self.admission_control.return_loss)
 
     def attach_host_tier(self, *, reload: ReloadCost, host_budget_tokens: int, hold_cost: float) -> None:
         """HiCache is on: misses reload instead of recomputing, and host pins may hold
         ``host_budget_tokens`` of the host pool."""
         self.reload_cost = reload
         self.host_pins = PinTable(host_budget_tokens)
-        self.ttl_model.use_host_tier(reload, hold_cost)
+        self.ttl_model.use_host_tier(reload, hold_cost, self.timings.max_host_ttl_s)
 
     # -- events --------------------------------------------------------------------------
     def turn_arrived(self, meta: ProgramMeta, *, waiting_ahead: int = 0) -> TurnTag:
@@ -133,7 +124,7 @@ class ContinuumController:
         shed while it waited) contributes its wait (arrival to admission) to T. ``cached_tokens``
         (of its prompt, found cached on device or host; None: not known) feeds the return loss."""
         now = self.clock()
-        overdue = self.is_overdue(tag, now)
+        overdue = self.is_overdue(tag)
         pid = tag.meta.program_id if tag.meta.has_program else None
         state = self.programs.get(pid) if pid is not None else None
         if cached_tokens is not None and state is not None and state.turns_admitted > 0:
@@ -146,7 +137,6 @@ class ContinuumController:
             tag.overtake_budget,
             overdue,
             tag.held_back,
-            tag.bypassed,
             pid is not None and pid in self.pins,
             cached_tokens,
             self.admission_control.return_loss.ratio,
@@ -202,9 +192,9 @@ class ContinuumController:
                 self.program_counters.terminal_tool += 1
             logger.debug("continuum: program=%s finished (%s); no pin", pid, "last step" if meta.is_last_step else tool)
             return out
-        if handle is not None and context_tokens > 0 and (identified is not None or self.settings.pin_without_tool):
+        if handle is not None and context_tokens > 0:
             self._pin(out, state, tool, context_tokens, handle, now)
-        if out.pin is None and self.settings.working_set_follows_pins:
+        if out.pin is None:
             self.programs.let_go(pid)  # no room is kept for KV the policy itself lets go
         return out
 
@@ -261,15 +251,14 @@ class ContinuumController:
     def step(self, program_waiting: Callable[[str], bool]) -> StepPlan:
         """Once per scheduler step: pins past their deadline (held at most ``max_wait_hold_s``
         longer while their program has a turn waiting), programs forgotten for idleness (and
-        what they held), host pins past their host TTL, predictive reloads now due."""
+        what they held), host pins past their host TTL."""
         now = self.clock()
         plan = StepPlan()
         hold = self._wait_hold(program_waiting)
         plan.expired = self.pins.pop_expired(now, hold)
         self.counters.expired += len(plan.expired)
-        if self.settings.working_set_follows_pins:
-            for pin in plan.expired:  # the program did not come back within its TTL
-                self.programs.let_go(pin.program_id)
+        for pin in plan.expired:  # the program did not come back within its TTL
+            self.programs.let_go(pin.program_id)
         self.programs.forget_idle(now)
         for state in self.programs.drain_forgotten():
             plan.released.extend(self._drop_pins(state.program_id))
@@ -277,7 +266,6 @@ class ContinuumController:
             self._end_program(state, stranded=True)
         plan.host_expired = self.host_pins.pop_expired(now, hold)
         self.host_counters.host_expired += len(plan.host_expired)
-        plan.reloads = self._due_reloads(now)
         return plan
 
     def shed(
@@ -297,6 +285,7 @@ class ContinuumController:
         pin = self.pins.pop_latest(ranked_after=ranked_after, keep=keep, spare=spare)
         if pin is not None:
             self._count_shed(pin, reason)
+            self.admission.admission_sheds += reason != "alloc"  # for a blocked turn
             logger.debug("continuum: shed pin program=%s tokens=%d (%s)", pin.program_id, pin.tokens, reason)
         return pin
 
@@ -325,10 +314,7 @@ class ContinuumController:
         pins are dropped without unlocking and counted as flushed."""
         self.counters.flushed += len(self.pins.clear())
         self.host_counters.host_released += len(self.host_pins.clear())
-        self._reload_heap.clear()
         self.admission_control.return_loss.reset()  # the flush, not the load, took those contexts
-        for pid in list(self._reloading):
-            self._settle_reload(pid, used=False)
 
     # -- queue order and admission -------------------------------------------------------
     @property
@@ -340,30 +326,27 @@ class ContinuumController:
         """Programs whose device pin came or went after ``version`` (None: assume all did)."""
         return self.pins.changed_since(version)
 
-    def priority_key(self, tag: TurnTag, retracted: bool, now: float) -> tuple:
-        """Program-level FCFS with bounded waiting (see ``priority.py``)."""
+    def priority_key(self, tag: TurnTag, retracted: bool) -> tuple:
+        """The waiting request's key in the rules' order (by default program-level FCFS with
+        bounded waiting, ``priority.py``)."""
         pid = tag.meta.program_id
-        return priority_key(
+        return self.rules.order(
             retracted=retracted,
-            overdue=self.is_overdue(tag, now),
+            overdue=self.is_overdue(tag),
             pinned=pid is not None and pid in self.pins,
             program_rank=tag.program_rank,
             request_rank=tag.request_rank,
-            program_order=self.settings.program_order,
-            overdue_first=self.settings.overdue_before_pinned,
         )
 
-    def is_overdue(self, tag: TurnTag, now: float) -> bool:
-        """Bounded waiting (``core/bounded_waiting.py``): overtaken by its budget of later
-        arrivals, or past the optional absolute ceiling."""
-        return self.bounded.is_overdue(tag, now)
+    def is_overdue(self, tag: TurnTag) -> bool:
+        """Bounded waiting (``core/bounded_waiting.py``): overtaken by its budget of later arrivals."""
+        return self.bounded.is_overdue(tag)
 
     def holds_back(
         self,
         tag: TurnTag,
         request_tokens: int,
         capacity_tokens: int,
-        now: float,
         *,
         idle: bool = False,
         pending_tokens: int = 0,
@@ -372,12 +355,7 @@ class ContinuumController:
         ``idle``: nothing else would run if it waited; ``pending_tokens``: what turns admitted
         earlier in the same prefill selection reserve (``admission_reservation``)."""
         return self.admission_control.holds_back(
-            tag,
-            request_tokens,
-            capacity_tokens,
-            lambda: self.is_overdue(tag, now),
-            idle=idle,
-            pending_tokens=pending_tokens,
+            tag, request_tokens, capacity_tokens, idle=idle, pending_tokens=pending_tokens
         )
 
     def admission_reservation(self, tag: TurnTag, request_tokens: int) -> int:
@@ -402,10 +380,10 @@ class ContinuumController:
         if state.pending_tool is None:
             # its next turn already arrived and waits (shed under pressure): keep the host copy
             # until that turn is admitted, which releases it
-            ttl = self.settings.max_wait_hold_s if state.in_flight > 0 else 0.0
+            ttl = self.timings.max_wait_hold_s if state.in_flight > 0 else 0.0
         else:
             ttl = self.ttl_model.host_ttl(TTLQuery(state.pending_tool, pin.tokens), elapsed)
-        ttl = min(float(ttl), self.settings.max_host_ttl_s)
+        ttl = min(float(ttl), self.timings.max_host_ttl_s)
         out.ttl = ttl
         if ttl <= 0:
             return out
@@ -413,8 +391,6 @@ class ContinuumController:
         stored, released = self.host_pins.add(host)
         if stored:
             out.pin = host
-            if state.pending_tool is not None:
-                self._schedule_reload(host, state.pending_tool, elapsed)
         self.host_counters.host_released += len(released)
         out.release = released
         return out
@@ -430,30 +406,22 @@ class ContinuumController:
             self.host_pins.pop(host.program_id)
         self.host_counters.offload_failed += 1
 
-    def host_returned(self, tag: TurnTag, loaded_tokens: int, device_prefix_tokens: int) -> list[Pin]:
-        """A later turn was admitted: count what came back from host, settle a predictive reload
-        (used if its prefix was already on the device), and release the host pin."""
+    def host_returned(self, tag: TurnTag, loaded_tokens: int) -> list[Pin]:
+        """A later turn was admitted: count what came back from host and release the host pin."""
         if not tag.meta.has_program:
             return []
-        pid = tag.meta.program_id
         if loaded_tokens > 0:
             self.host_counters.host_hits += 1
             self.host_counters.host_hit_tokens += loaded_tokens
-        reloaded = self._reloading.get(pid)
-        if reloaded is not None:
-            self._settle_reload(pid, used=loaded_tokens == 0 and device_prefix_tokens >= reloaded)
-        return self._drop_host(pid)
-
-    def reload_started(self, pin: Pin) -> None:
-        self._reloading[pin.program_id] = pin.tokens
-        self.host_counters.reloads_started += 1
+        return self._drop_host(tag.meta.program_id)
 
     # -- warm start ----------------------------------------------------------------------
     def snapshot(self) -> dict:
         """Tool statistics plus the model's current signals: what warm start saves and loads,
         and what an operator reads to see why TTLs are what they are."""
         return {
-            "ttl_model": self.settings.ttl_model,
+            "rules": self.rules.name,
+            "ttl_model": self.ttl_model.name,
             "tool_stats": self.stats.to_dict(),
             "signals": self.ttl_model.signals(),
             "pins": {"live": len(self.pins), "tokens": self.pins.pinned_tokens, "budget": self.pins.budget_tokens},
@@ -503,23 +471,20 @@ class ContinuumController:
             assert pin.tier is Tier.HOST, "device pin in the host table"
             assert pin.program_id in self.programs, f"host pin outlives its program {pin.program_id}"
             assert pin.program_id not in self.pins, f"{pin.program_id} pinned on device and host at once"
-        for pid in self._reloading:
-            assert pid in self.programs, f"reload of a forgotten program {pid}"
         c = self.counters
         assert c.hits + c.expired + c.shed + c.released + c.flushed + len(self.pins) == c.created, "pin counters"
         d = self.sheds
-        assert d.admission + d.idle + d.overdue + d.alloc + d.budget == c.shed, "shed counters by rule"
+        assert d.admission + d.idle + d.alloc + d.budget == c.shed, "shed counters by rule"
         assert d.while_waiting <= c.shed, "sheds while waiting"
 
     # -- internals -----------------------------------------------------------------------
     def _drop_pins(self, program_id: str) -> list[Pin]:
-        """Release whatever the program holds (device pin, host pin, reload in flight)."""
+        """Release whatever the program holds (device pin, host pin)."""
         released = self._drop_host(program_id)
         pin = self.pins.pop(program_id)
         if pin is not None:
             self.counters.released += 1
             released.append(pin)
-        self._settle_reload(program_id, used=False)
         return released
 
     def _drop_host(self, program_id: str) -> list[Pin]:
@@ -554,43 +519,9 @@ class ContinuumController:
 
     def _wait_hold(self, program_waiting: Callable[[str], bool]) -> Callable[[Pin], Optional[float]]:
         """An expired pin whose program has a turn waiting is held ``max_wait_hold_s`` longer."""
-        hold_s = self.settings.max_wait_hold_s
+        hold_s = self.timings.max_wait_hold_s
 
         def hold(pin: Pin) -> Optional[float]:
             return pin.deadline + hold_s if hold_s > 0 and program_waiting(pin.program_id) else None
 
         return hold
-
-    def next_reload_at(self) -> Optional[float]:
-        """When the earliest scheduled predictive reload is due (None: none scheduled). An entry
-        of a pin that has since ended may answer early; it is dropped when due."""
-        return self._reload_heap[0][0] if self._reload_heap else None
-
-    def _due_reloads(self, now: float) -> list[Pin]:
-        due = []
-        heap = self._reload_heap
-        while heap and heap[0][0] <= now:
-            _, _, pin = heapq.heappop(heap)
-            if self.host_pins.get(pin.program_id) is pin:
-                due.append(pin)
-        return due
-
-    def _schedule_reload(self, host: Pin, tool: str, elapsed: float) -> None:
-        if not self.settings.predictive_reload:
-            return
-        window, _ = self.stats.window_for(tool, min_samples=self.settings.cold_start_k + 1)
-        if len(window) == 0:
-            return
-        until = predicted_return(window.sorted, elapsed, self.settings.predictive_reload_quantile)
-        lead = self.reload_cost.seconds(host.tokens) + self.settings.predictive_reload_lead_s
-        heapq.heappush(self._reload_heap, (host.created + max(0.0, until - lead), next(self._rank), host))
-        if len(self._reload_heap) > 2 * len(self.host_pins) + 64:  # drop entries of ended pins
-            self._reload_heap = [e for e in self._reload_heap if self.host_pins.get(e[2].program_id) is e[2]]
-            heapq.heapify(self._reload_heap)
-
-    def _settle_reload(self, program_id: str, *, used: bool) -> None:
-        if self._reloading.pop(program_id, None) is not None:
-            if used:
-                self.host_counters.reloads_used += 1
-            else:
-                self.host_counters.reloads_wasted += 1

@@ -1,4 +1,4 @@
-"""The paper's TTL cost model (Continuum, section 4) and the earlier Bernstein-bound variant.
+"""The paper's TTL cost model (Continuum, section 4): the product's TTL model.
 
     tau* = argmax over tau in {0} U samples of  P(tau, f) * (T * eta + PrefillReload(r)) - tau
 
@@ -35,6 +35,10 @@ import numpy as np
 from sglang_continuum.core.offload import host_ttl
 from sglang_continuum.core.tool_stats import SampleWindow, ToolStats
 from sglang_continuum.core.ttl import TTLModel, TTLQuery, argmax_sorted
+
+COLD_START_K = 100  # samples needed before an empirical CDF is trusted (the paper's K)
+QUEUE_DELAY_WINDOW = 256  # returning turns that missed, averaged for T
+ETA_WINDOW = 1000  # completed programs eta is measured over
 
 logger = logging.getLogger(__name__)
 
@@ -147,13 +151,13 @@ class EtaEstimator:
         return float(-(n * skr - sk * sr) / math.sqrt(var_k * var_r))
 
 
-class _SignalModel(TTLModel):
+class SignalModel(TTLModel):
     """What both statistical models observe besides tool times: T and eta."""
 
     def __init__(self, settings, stats: ToolStats) -> None:
         super().__init__(settings, stats)
-        self.queue_delay = SlidingMean(settings.queue_delay_window)
-        self.eta = EtaEstimator(settings.eta_window)
+        self.queue_delay = SlidingMean(QUEUE_DELAY_WINDOW)
+        self.eta = EtaEstimator(ETA_WINDOW)
 
     def observe_queue_delay(self, seconds: float) -> None:
         self.queue_delay.add(max(0.0, float(seconds)))
@@ -211,12 +215,14 @@ class DecisionCounts:
             setattr(self, name + "_zero", getattr(self, name + "_zero") + 1)
 
 
-class CostModelTTL(_SignalModel):
+class CostModelTTL(SignalModel):
     name = "cost"
 
-    def __init__(self, settings, stats: ToolStats, profile: Optional[PrefillProfile] = None) -> None:
+    def __init__(
+        self, settings, stats: ToolStats, profile: Optional[PrefillProfile] = None, *, cold_start_k: int = COLD_START_K
+    ) -> None:
         super().__init__(settings, stats)
-        self.k = settings.cold_start_k
+        self.k = cold_start_k
         self.profile = profile or DEFAULT_PROFILE
         self.last: Optional[Decision] = None
         self.decisions = DecisionCounts()
@@ -288,7 +294,7 @@ class CostModelTTL(_SignalModel):
             elapsed_s,
             benefit,
             self.host_hold_cost,
-            cap_s=self.settings.max_host_ttl_s,
+            cap_s=self.max_host_ttl_s,
             cold_mean_s=self.cold_mean_s(),
         )
 
@@ -342,35 +348,7 @@ def exp_optimum(benefit_s: float, mean_s: float, cap_s: float = math.inf) -> flo
     return min(mean_s * math.log(benefit_s / mean_s), cap_s) if benefit_s > mean_s else 0.0
 
 
-class BernsteinTTL(_SignalModel):
-    """Seed 003, section 4.3: ``TTL = T_default^2 / B(f) * (1 + alpha * AvgTurns)`` with B an
-    empirical-Bernstein upper bound on the tool's duration
-    ``mu + sqrt(2 sigma^2 ln(3/delta) / n) + 3 b ln(3/delta) / n`` (b = the largest sample);
-    per tool with at least ``min_samples`` samples, else global, else ``T_default``."""
-
-    name = "bernstein"
-
-    def __init__(self, settings, stats: ToolStats) -> None:
-        super().__init__(settings, stats)
-        self.t_default = settings.bernstein_t_default_s
-        self.delta = settings.bernstein_delta
-        self.alpha = settings.bernstein_alpha
-        self.min_samples = settings.bernstein_min_samples
-
-    def bound(self, window: SampleWindow) -> float:
-        n = len(window)
-        log_term = math.log(3.0 / self.delta)
-        b = float(window.sorted[-1])
-        return window.mean + math.sqrt(2.0 * window.variance * log_term / n) + 3.0 * b * log_term / n
-
-    def ttl(self, query: TTLQuery) -> float:
-        return min(self._ttl(query), self.settings.max_ttl_s)
-
-    def _ttl(self, query: TTLQuery) -> float:
-        window, _ = self.stats.window_for(query.tool, min_samples=self.min_samples)
-        if len(window) < self.min_samples:
-            return self.t_default
-        bound = self.bound(window)
-        if bound <= 0:
-            return self.t_default
-        return self.t_default**2 / bound * (1.0 + self.alpha * self.eta.mean_turns)
+def cost_model(settings, stats: ToolStats) -> CostModelTTL:
+    """The product's TTL model, with the measured prefill profile if one is configured."""
+    profile = PrefillProfile.load(settings.prefill_profile) if settings.prefill_profile else None
+    return CostModelTTL(settings, stats, profile)

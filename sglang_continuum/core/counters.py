@@ -25,21 +25,14 @@ class HostCounters:
     host_hit_tokens: int = 0  # tokens loaded back instead of recomputed
     host_expired: int = 0
     host_released: int = 0  # next turn admitted, last step, abort, budget, flush
-    reloads_started: int = 0  # predictive reloads
-    reloads_used: int = 0  # the returning turn found the reloaded prefix on the device
-    reloads_wasted: int = 0  # evicted again before the turn came, or the program never came back
 
 
 @dataclass(slots=True)
 class AdmissionCounters:
     held_back: int = 0  # new programs' first turns kept waiting by admission control
-    held_back_thrashing: int = 0  # of those, held only because returning programs were losing their contexts
     admission_sheds: int = 0  # pins shed so that a blocked turn could be admitted (any rule)
     admitted: int = 0  # requests admitted (the clock of the overtaking bound)
     overdue_admitted: int = 0  # requests that were overdue when admitted
-    bypassed: int = 0  # overdue first turns admitted past admission control
-    bypass_refused: int = 0  # checks that kept an overdue first turn back: the overcommit limit was reached
-    suspended: int = 0  # returning turns load control kept waiting while the pool thrashed (once per request)
 
 
 @dataclass(slots=True)
@@ -48,14 +41,13 @@ class ShedCounters:
 
     admission: int = 0  # for a blocked turn, pins of programs ranked after it
     idle: int = 0  # for a blocked turn, any pin: the engine would otherwise idle
-    overdue: int = 0  # for a blocked overdue turn, any pin (ablation overdue_sheds_any_pin only)
     alloc: int = 0  # an allocation (prefill or decode) would otherwise fail
     budget: int = 0  # a new pin of an earlier program needed the pin budget
     while_waiting: int = 0  # ... of which the program's next turn was already waiting (a certain hit lost)
     returned: int = 0  # programs whose pin was shed came back (the cost model's pin survival)
 
 
-SHED_REASONS = ("admission", "idle", "overdue", "alloc")
+SHED_REASONS = ("admission", "idle", "alloc")
 
 
 @dataclass(slots=True)

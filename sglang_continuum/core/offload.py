@@ -1,7 +1,7 @@
-"""The host tier (HiCache) in the cost model: reload cost, host-side TTL, predictive reload.
+"""The host tier (HiCache) in the cost model: reload cost and host-side TTL.
 
 With a host copy, a program whose device pin ended loses only a host-to-device transfer, not a
-prefill. Three decisions follow, all pure functions of the tool-time distribution:
+prefill. Two decisions follow, pure functions of the tool-time distribution:
 
 * device TTL: the alternative to a device hit becomes a reload, so ``PrefillReload(r)`` is the
   transfer time (``ReloadCost``) rather than the prefill time (the paper, section 4);
@@ -10,9 +10,7 @@ prefill. Three decisions follow, all pure functions of the tool-time distributio
   a host hit saves ``Prefill(r) - Reload(r)``, and holding host memory is ``hold_cost`` times as
   expensive as holding device memory (device pool / host pool, so a host twice the device's size
   halves the cost):
-  ``argmax over tau of  P(elapsed < t <= elapsed + tau | t > elapsed) * benefit - hold_cost * tau``;
-* predictive reload (Tokencake's idea): start loading the prefix back ``lead`` seconds before the
-  tool's predicted return (a quantile of the conditioned distribution).
+  ``argmax over tau of  P(elapsed < t <= elapsed + tau | t > elapsed) * benefit - hold_cost * tau``.
 """
 
 from __future__ import annotations
@@ -30,6 +28,7 @@ from sglang_continuum.core.ttl import argmax_sorted
 # measures the real figure.
 DEFAULT_HOST_BYTES_PER_S = 6e9
 DEFAULT_RELOAD_LATENCY_S = 1e-3
+HOST_PIN_BUDGET_FRACTION = 0.5  # share of the host pool host pins may hold
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,14 +82,3 @@ def host_ttl(
     if math.isinf(ratio):
         return min(float(rest[-1]), cap_s)
     return argmax_sorted(rest, ratio, cap_s=cap_s)
-
-
-def predicted_return(sorted_samples: Optional[np.ndarray], elapsed: float, quantile: float) -> Optional[float]:
-    """Seconds from now until the tool's ``quantile`` return time given it has not returned after
-    ``elapsed``; ``None`` when there is nothing to predict from."""
-    if sorted_samples is None or sorted_samples.size == 0:
-        return None
-    rest = remaining_samples(sorted_samples, elapsed)
-    if rest.size == 0:
-        return 0.0  # overdue: it is expected any moment
-    return float(np.quantile(rest, quantile, method="inverted_cdf"))

@@ -7,8 +7,8 @@ it held (a pin, a host pin) outlives it.
 
 The registry also keeps the **working set**: the current context tokens of programs that have
 been admitted at least once and were seen within ``working_set_window_s`` -- the programs the
-pool should hold for their next turn. Program-level admission control reads it. The owner may let a
-program go sooner (``let_go``: out on a tool with no pin, when ``working_set_follows_pins``).
+pool should hold for their next turn. Program-level admission control reads it. The owner lets a
+program go sooner (``let_go``) when the policy keeps none of its KV while it is out on a tool.
 """
 
 from __future__ import annotations
@@ -17,6 +17,11 @@ import hashlib
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Optional
+
+MAX_PROGRAMS = 100_000
+PROGRAM_IDLE_TIMEOUT_S = 900.0  # a program unseen this long, with nothing in flight, is forgotten
+WORKING_SET_WINDOW_S = 30.0  # a program unseen this long (out on a tool) leaves the working set
+FINAL_CONTEXT_WINDOW = 64  # ended programs whose final contexts give the expected one
 
 
 def affine_slot(program_id: str, slots: int) -> int:
@@ -59,10 +64,10 @@ class ProgramRegistry:
     def __init__(
         self,
         *,
-        max_programs: int = 100_000,
-        idle_timeout_s: float = 900.0,
-        working_set_window_s: float = 30.0,
-        final_context_window: int = 64,
+        max_programs: int = MAX_PROGRAMS,
+        idle_timeout_s: float = PROGRAM_IDLE_TIMEOUT_S,
+        working_set_window_s: float = WORKING_SET_WINDOW_S,
+        final_context_window: int = FINAL_CONTEXT_WINDOW,
     ) -> None:
         if max_programs < 1:
             raise ValueError("max_programs must be >= 1")
@@ -256,11 +261,6 @@ class ProgramRegistry:
             self._working[state.program_id] = None
         self._count_short(tokens, +1)
         state.context_tokens = tokens
-
-    def working_set_tokens_ranked_before(self, rank: int) -> int:
-        """The working sets of programs that arrived before rank ``rank`` (O(working set): read only
-        by load control, while the pool thrashes)."""
-        return sum(s.context_tokens for pid in self._working if (s := self._programs[pid]).arrival_rank < rank)
 
     def _leave_working_set(self, state: ProgramState) -> None:
         if self._working.pop(state.program_id, 0) is None:

@@ -1,31 +1,25 @@
 """Return loss: how much of their context returning programs find gone, the thrash signal.
 
-Program-level admission control sizes the programs in flight by their *current* contexts; an agent's
-context grows turn after turn (on the CPU workloads 500 tokens at the first turn, 4,000 at the last),
-so a pool that holds today's working sets may not hold tomorrow's, and the server slides into the
-re-prefill spiral with admission control satisfied. This is the signal operating systems watch for
-the same problem (Denning's page-fault frequency): the faults. A returning turn whose previous
-context was ``previous`` tokens and that found ``cached`` of them still in the cache lost
-``previous - cached``; over the last ``window`` returning turns, the lost share of their previous
-contexts is the return loss. Above ``threshold`` the pool is thrashing; with
-``return_loss_threshold`` set, admission control then holds new programs (``admission_control.py``;
-off by default: on the CPU thrash run the signal rose only after the first wave was in,
-``docs/results/thrash-cpu/``). It falls again as the programs in flight come back to hits or finish.
+The signal operating systems watch when working sets do not fit (Denning's page-fault frequency):
+the faults. A returning turn whose previous context was ``previous`` tokens and that found
+``cached`` of them still in the cache lost ``previous - cached``; over the last ``window``
+returning turns, the lost share of their previous contexts is the return loss. Bounded waiting
+reads it: while the pool keeps no locality, being overtaken buys a waiting request nothing
+(``bounded_waiting.py``). It falls again as the programs in flight come back to hits or finish.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
+RETURN_LOSS_WINDOW = 32  # returning turns the return loss is measured over
+
 
 class ReturnLossMeter:
-    def __init__(self, *, window: int = 32, threshold: float = 0.5, min_samples: int = 8) -> None:
+    def __init__(self, *, window: int = RETURN_LOSS_WINDOW, min_samples: int = 8) -> None:
         if window < 1 or not 1 <= min_samples <= window:
             raise ValueError("need window >= 1 and 1 <= min_samples <= window")
-        if not 0.0 <= threshold <= 1.0:
-            raise ValueError("threshold must be in [0, 1] (0: measure only, never thrashing)")
         self.window = window
-        self.threshold = threshold
         self.min_samples = min_samples
         self._samples: deque[tuple[int, int]] = deque()  # (previous context, lost tokens), oldest first
         self._previous = 0
@@ -56,10 +50,6 @@ class ReturnLossMeter:
     def ready(self) -> bool:
         """Enough returning turns in the window for the ratio to mean something."""
         return len(self._samples) >= self.min_samples
-
-    @property
-    def thrashing(self) -> bool:
-        return self.threshold > 0 and self.ready and self.ratio > self.threshold
 
     def reset(self) -> None:
         """The cache was flushed: the losses it causes say nothing about the pool's load."""

@@ -39,22 +39,20 @@ SERIES: tuple[Series, ...] = (
         "programs_in_flight",
         "gauge",
         "gauge.programs_in_flight",
-        "Programs in the working set (admitted, seen within working_set_window_s; "
-        "out on a tool only while pinned, with working_set_follows_pins).",
+        "Programs in the working set (a turn waiting or running, or out on a tool while pinned).",
     ),
     Series("working_set_tokens", "gauge", "gauge.working_set_tokens", "Current context tokens of programs in flight."),
     Series(
         "working_set_reserved_tokens",
         "gauge",
         "gauge.working_set_reserved_tokens",
-        "Tokens admission control keeps for programs in flight: each at least the expected final context "
-        "(admission_expects_growth), else their current contexts.",
+        "Tokens admission control keeps for programs in flight: each at least the expected final context.",
     ),
     Series(
         "expected_final_context_tokens",
         "gauge",
         "gauge.expected_final_context_tokens",
-        "Mean final context of the last final_context_window programs that ended (0 before any did).",
+        "Mean final context of the last 64 programs that ended (0 before any did).",
     ),
     Series(
         "programs_held_back",
@@ -66,15 +64,14 @@ SERIES: tuple[Series, ...] = (
         "return_loss_ratio",
         "gauge",
         "gauge.return_loss_ratio",
-        "Share of returning programs' previous contexts found gone (last return_loss_window turns): the thrash signal.",
+        "Share of returning programs' previous contexts found gone (last 32 returning turns): the thrash signal.",
     ),
     Series(
         "overtake_budget",
         "gauge",
         "gauge.overtake_budget",
         "Later arrivals that may be admitted ahead of a returning turn entering the queue now before it is overdue "
-        "(max_overtakes, down to min_overtakes as the return loss passes 0.5; a first turn keeps max_overtakes; "
-        "0: no bound).",
+        "(max_overtakes, down to 2 as the return loss passes 0.5; a first turn keeps max_overtakes; 0: no bound).",
     ),
     Series(
         "oldest_wait_seconds", "gauge", "gauge.oldest_wait_seconds", "How long the oldest waiting request has waited."
@@ -100,19 +97,6 @@ SERIES: tuple[Series, ...] = (
         "New programs' first turns admission control kept waiting (once per request).",
     ),
     Series(
-        "held_back_thrashing_requests",
-        "counter",
-        "admission.held_back_thrashing",
-        "Of those, first turns held only because returning programs were losing their contexts (return loss).",
-    ),
-    Series(
-        "suspended_requests",
-        "counter",
-        "admission.suspended",
-        "Returning turns load control kept waiting while the pool thrashed: programs ranked before them filled it "
-        "(load_control, off by default; once per request).",
-    ),
-    Series(
         "admission_sheds",
         "counter",
         "admission.admission_sheds",
@@ -123,19 +107,7 @@ SERIES: tuple[Series, ...] = (
         "overdue_admitted",
         "counter",
         "admission.overdue_admitted",
-        "Requests that were overdue (overtaken as many times as their budget, or past max_queue_wait_s) when admitted.",
-    ),
-    Series(
-        "admission_bypassed",
-        "counter",
-        "admission.bypassed",
-        "Overdue first turns admitted past admission control (within overdue_admission_overcommit).",
-    ),
-    Series(
-        "admission_bypass_refused",
-        "counter",
-        "admission.bypass_refused",
-        "Checks that kept an overdue first turn back because overdue_admission_overcommit was reached.",
+        "Requests that were overdue (overtaken as many times as their budget) when admitted.",
     ),
     # pins shed, by rule (they sum to pin_sheds)
     Series(
@@ -149,12 +121,6 @@ SERIES: tuple[Series, ...] = (
         "counter",
         "sheds.idle",
         "Pins of any rank shed for a blocked turn because the engine would otherwise idle.",
-    ),
-    Series(
-        "pin_sheds_overdue",
-        "counter",
-        "sheds.overdue",
-        "Pins of any rank shed for a blocked overdue turn (only with the overdue_sheds_any_pin ablation).",
     ),
     Series("pin_sheds_alloc", "counter", "sheds.alloc", "Pins shed because an allocation would otherwise fail."),
     Series("pin_sheds_budget", "counter", "sheds.budget", "Pins of later programs shed for an earlier one's pin."),
@@ -271,17 +237,6 @@ SERIES: tuple[Series, ...] = (
         "host.host_released",
         "Host pins released by return, last step, abort, budget or flush.",
         True,
-    ),
-    Series("predictive_reloads_started", "counter", "host.reloads_started", "Predictive reloads started.", True),
-    Series(
-        "predictive_reloads_used",
-        "counter",
-        "host.reloads_used",
-        "Predictive reloads the returning turn found on device.",
-        True,
-    ),
-    Series(
-        "predictive_reloads_wasted", "counter", "host.reloads_wasted", "Predictive reloads evicted or never used.", True
     ),
 )
 

@@ -1,14 +1,10 @@
 """TTL models: how long to pin a program's prefix after a non-final turn.
 
 One interface, ``TTLModel``: ``ttl(query) -> seconds`` (0 means "do not pin") plus explicit,
-defaulted hooks for the signals a model may learn from. Implementations (registered in
-``ttl_registry``):
-
-* ``fixed``     -- a constant (ablations, and the simplest thing that can work).
-* ``reference`` -- the public vLLM reference's rule: pin 2.0 s if the tool's mean duration is at
-                   most 2.0 s (unseen tools get the pin), else none.
-* ``cost``      -- the paper's cost model (section 4): see ``cost_model.py``.
-* ``bernstein`` -- the earlier paper version's bound (seed 003, section 4.3).
+defaulted hooks for the signals a model may learn from. The product's model is the paper's cost
+model (``cost_model.py``); the paper's baselines (fixed, the public reference's rule, the earlier
+version's Bernstein bound) are in ``ttl_baselines.py``, for the lab's variants
+(``core/rules.py`` composes a model with a queue order).
 
 Every TTL is at most ``max_ttl_s``: a model that optimises picks the best candidate within the cap
 (capping an unconstrained optimum afterwards can give a pin that never pays off).
@@ -45,6 +41,7 @@ class TTLModel:
         self.stats = stats
         self.reload: Optional["ReloadCost"] = None  # set when a host tier (HiCache) is attached
         self.host_hold_cost = 1.0
+        self.max_host_ttl_s = 0.0  # the longest host TTL (with a host tier)
         # share of pins that survived until their program came back (hits / (hits + sheds of
         # programs that came back), Laplace-smoothed); the controller keeps it current
         self.pin_survival = 1.0
@@ -64,14 +61,17 @@ class TTLModel:
         return 0.0
 
     # -- host tier -----------------------------------------------------------------------
-    def use_host_tier(self, reload: "ReloadCost", hold_cost: float) -> None:
-        """A miss now costs a reload, not a prefill; host memory costs ``hold_cost`` x device's."""
+    def use_host_tier(self, reload: "ReloadCost", hold_cost: float, max_host_ttl_s: float) -> None:
+        """A miss now costs a reload, not a prefill; host memory costs ``hold_cost`` x device's; a
+        host copy is protected for at most ``max_host_ttl_s``."""
         self.reload = reload
         self.host_hold_cost = hold_cost
+        self.max_host_ttl_s = max_host_ttl_s
 
     def host_ttl(self, query: TTLQuery, elapsed_s: float) -> float:
-        """Seconds to protect the host copy once the device pin ended ``elapsed_s`` after the turn."""
-        return min(self.settings.host_ttl_s, self.settings.max_host_ttl_s)
+        """Seconds to protect the host copy once the device pin ended ``elapsed_s`` after the turn
+        (0: do not protect it)."""
+        return 0.0
 
     # -- warm start ----------------------------------------------------------------------
     def signals(self) -> dict:
@@ -114,24 +114,3 @@ def argmax_sorted(
     obj = ranks[:k] * benefit_s - s[:k]
     i = int(np.argmax(obj))
     return float(s[i]) if obj[i] > 0.0 else 0.0
-
-
-class FixedTTL(TTLModel):
-    name = "fixed"
-
-    def ttl(self, query: TTLQuery) -> float:
-        return min(self.settings.fixed_ttl_s, self.settings.max_ttl_s)
-
-
-class ReferenceTTL(TTLModel):
-    """Pin ``reference_pin_s`` if the tool's running mean is at most ``reference_threshold_s``;
-    unseen tools are pinned."""
-
-    name = "reference"
-
-    def ttl(self, query: TTLQuery) -> float:
-        pin_s = min(self.settings.reference_pin_s, self.settings.max_ttl_s)
-        window = self.stats.tool(query.tool)
-        if window is None or len(window) == 0:
-            return pin_s
-        return pin_s if window.mean <= self.settings.reference_threshold_s else 0.0

@@ -29,7 +29,6 @@ class TurnTag:
     queued_at: float = 0.0
     overtake_base: int = 0
     overtake_budget: int = 0
-    bypassed: bool = False  # admitted past admission control because it was overdue
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +43,6 @@ class AdmissionRecord:
     overtake_budget: int  # the overtakes that made it overdue (fixed when it entered the queue; 0: no bound)
     overdue: bool  # it was overdue when admitted
     held_back: bool  # admission control held it back at least once
-    bypassed: bool  # admitted past admission control because it was overdue
     pin_hit: bool  # its program's pin held its prefix
     cached_tokens: Optional[int] = None  # of its prompt, found cached at admission (None: not known)
     return_loss: float = 0.0  # the thrash signal after it (``core/return_loss.py``)
@@ -60,10 +58,8 @@ class FinishOutcome:
 @dataclass(slots=True)
 class StepPlan:
     """What one scheduler step must do, in order: release ``expired`` device pins (offloading
-    them when a host tier exists), release ``released`` pins and ``host_expired`` host pins, then
-    start ``reloads``."""
+    them when a host tier exists), release ``released`` pins and ``host_expired`` host pins."""
 
     expired: list[Pin] = field(default_factory=list)
     released: list[Pin] = field(default_factory=list)  # pins of programs forgotten this step
     host_expired: list[Pin] = field(default_factory=list)
-    reloads: list[Pin] = field(default_factory=list)

@@ -1,6 +1,7 @@
 import pytest
 
 from continuum_lab.harness.server import SGLangServer
+from tests.support import fixed_ttl_env
 
 POOL = 2048
 ARGS = ["--max-total-tokens", str(POOL), "--enable-metrics", "--enable-cache-report", "--mem-fraction-static", "0.5"]
@@ -12,8 +13,7 @@ def continuum_server(tiny_model, tmp_path_factory):
     log = tmp_path_factory.mktemp("logs") / "continuum.log"
     # requests with no id are plain fillers here: continuing nothing, they are served as under fcfs
     env = {
-        "SGLANG_CONTINUUM_TTL_MODEL": "fixed",
-        "SGLANG_CONTINUUM_FIXED_TTL_S": "25",
+        **fixed_ttl_env(25),
     }
     with SGLangServer(tiny_model, ["--schedule-policy", "continuum", *ARGS], env=env, log_path=log) as srv:
         yield srv

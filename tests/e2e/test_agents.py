@@ -11,6 +11,7 @@ from continuum_lab.cli.agents.tasks import IDENTITY_SERIES, load_tasks
 from continuum_lab.harness.server import SGLangServer
 from continuum_lab.workloads.importer import import_files
 from sglang_continuum.client.mini_swe_agent import release_program
+from tests.support import fixed_ttl_env
 
 pytestmark = pytest.mark.e2e
 pytest.importorskip("minisweagent", reason="requirements/agents.txt")
@@ -27,9 +28,8 @@ def agents_server(tiny_model, tmp_path_factory, attribution_log):
     """mini-swe-agent's own v2 templates make ~2k-token prompts: a pool for a few programs."""
     log = tmp_path_factory.mktemp("logs") / "agents.log"
     env = {
-        "SGLANG_CONTINUUM_TTL_MODEL": "fixed",
-        "SGLANG_CONTINUUM_FIXED_TTL_S": "30",
-        "SGLANG_CONTINUUM_ATTRIBUTION_LOG": str(attribution_log),  # written for requests with no id only
+        **fixed_ttl_env(30),
+        "SGLANG_CONTINUUM_EVENT_LOG": str(attribution_log),  # attributions: for requests with no id only
     }
     args = [
         "--schedule-policy",

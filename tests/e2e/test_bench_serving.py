@@ -13,6 +13,7 @@ import pytest
 
 from continuum_lab.harness.server import SGLangServer, parse_metrics
 from tests.e2e.conftest import ARGS
+from tests.support import fixed_ttl_env
 
 pytestmark = pytest.mark.e2e
 TRACE = Path(__file__).resolve().parents[1] / "data" / "bench_serving_agentic_trace_3x4.json"  # 3 conv x 4 rounds
@@ -24,7 +25,7 @@ M = "sglang:continuum_"
 def server(tiny_model, tmp_path_factory):
     """Its own server, so the settings are known: fixed short TTL, inference on (the default)."""
     log = tmp_path_factory.mktemp("logs") / "bench-serving.log"
-    env = {"SGLANG_CONTINUUM_TTL_MODEL": "fixed", "SGLANG_CONTINUUM_FIXED_TTL_S": str(TTL_S)}
+    env = fixed_ttl_env(TTL_S)
     with SGLangServer(tiny_model, ["--schedule-policy", "continuum", *ARGS], env=env, log_path=log) as srv:
         yield srv
 

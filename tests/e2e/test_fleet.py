@@ -14,6 +14,7 @@ from continuum_lab.harness.fleet import Fleet, SmgRouter, fleet_summary, worker_
 from continuum_lab.harness.server import SGLangServer, parse_metrics
 from tests.e2e.conftest import ARGS
 from tests.e2e.test_bench import tiny_workload
+from tests.support import fixed_ttl_env
 
 pytestmark = pytest.mark.e2e
 
@@ -25,7 +26,7 @@ RECEIVED = "sglang:continuum_stats_samples_received_total"
 
 @pytest.fixture(scope="module")
 def fleet(tiny_model, tmp_path_factory):
-    env = {"SGLANG_CONTINUUM_TTL_MODEL": "fixed", "SGLANG_CONTINUUM_FIXED_TTL_S": "25"}
+    env = fixed_ttl_env(25)
     logs = tmp_path_factory.mktemp("fleet")
     with Fleet(tiny_model, ["--schedule-policy", "continuum", *FLEET_ARGS], workers=2, env=env, log_dir=logs) as f:
         yield f
@@ -90,8 +91,7 @@ def test_dp_ranks_keep_a_program_on_one_rank(tiny_model, tmp_path):
     turns over the ranks; the plugin's hook routes every turn of a program to one rank."""
     cores = sorted(os.sched_getaffinity(0))
     env = {
-        "SGLANG_CONTINUUM_TTL_MODEL": "fixed",
-        "SGLANG_CONTINUUM_FIXED_TTL_S": "25",
+        **fixed_ttl_env(25),
         # SGLang's CPU path gives each rank a NUMA node unless told which cores it has (one node here)
         "SGLANG_CPU_OMP_THREADS_BIND": f"{cores[0]}|{cores[-1]}",
     }

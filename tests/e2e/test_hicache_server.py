@@ -15,6 +15,7 @@ import pytest
 from continuum_lab.bench.policies import HICACHE_CPU_FLAGS
 from continuum_lab.harness.server import SGLangServer, parse_metrics
 from sglang_continuum.client import continuum_custom_params
+from tests.support import fixed_ttl_env
 
 pytestmark = pytest.mark.e2e
 POOL = 2048
@@ -43,7 +44,7 @@ def test_three_turn_program_gets_its_prefix_back_from_host(tiny_model, tmp_path)
         "write_through_selective",
         *HICACHE_CPU_FLAGS,
     ]
-    env = {"SGLANG_CONTINUUM_TTL_MODEL": "fixed", "SGLANG_CONTINUUM_FIXED_TTL_S": str(TTL_S)}
+    env = fixed_ttl_env(TTL_S)
     rng = random.Random(0)
     ids = lambda n: [rng.randrange(5, 500) for _ in range(n)]  # noqa: E731
     with (

@@ -12,18 +12,18 @@ import json
 import pytest
 
 from continuum_lab.cli import reliability as rel
+from tests.support import fixed_ttl_rules
 
 pytestmark = pytest.mark.e2e
 
 E = rel.E
-# pins live 10 s (long enough for the flush probe), vanished programs are forgotten after 15 s
+# pins live 10 s (long enough for the flush probe), vanished programs are forgotten after 15 s,
+# statistics saved every second
 SHARED_ENV = {
-    **rel.SHORT_ENV,
-    E + "FIXED_TTL_S": "10",
+    E + "RULES": fixed_ttl_rules(
+        10.0, program_idle_timeout_s=15.0, max_wait_hold_s=1.0, max_host_ttl_s=1.0, stats_save_interval_s=1.0
+    ),
     E + "MAX_TTL_S": "10",
-    E + "MAX_WAIT_HOLD_S": "1",
-    E + "MAX_HOST_TTL_S": "1",
-    E + "PROGRAM_IDLE_TIMEOUT_S": "15",
 }
 
 
@@ -39,7 +39,7 @@ def shared_ctx(tiny_model, tmp_path_factory):
     ctx = quick_ctx(tiny_model, out)
     stats = out / "stats.json"
     stats.write_text('{"tool_stats": []}')
-    env = {**SHARED_ENV, E + "STATS_PATH": str(stats), E + "STATS_SAVE_INTERVAL_S": "1"}
+    env = {**SHARED_ENV, E + "STATS_PATH": str(stats)}
     server = ctx.shared = ctx.new_server("shared", env=env).start()
     try:
         yield ctx

@@ -11,6 +11,7 @@ from continuum_lab.harness.server import SGLangServer, parse_metrics
 from sglang_continuum.client import continuum_extra_body
 from sglang_continuum.client.params import RELEASE_PATH, release_body
 from tests.e2e.conftest import ARGS, POOL
+from tests.support import variant_rules
 
 pytestmark = pytest.mark.e2e
 WORDS = "ls cd grep find python pytest git diff patch file line error test tool search fetch".split()
@@ -288,7 +289,8 @@ def test_sigterm_to_the_launcher_alone_saves_the_statistics(tiny_model, tmp_path
     import time
 
     path = tmp_path / "stats.json"
-    env = {"SGLANG_CONTINUUM_STATS_PATH": str(path), "SGLANG_CONTINUUM_STATS_SAVE_INTERVAL_S": "3600"}
+    rules = variant_rules("timed", stats_save_interval_s=3600.0)  # no periodic save during the test
+    env = {"SGLANG_CONTINUUM_STATS_PATH": str(path), "SGLANG_CONTINUUM_RULES": rules}
     srv = SGLangServer(tiny_model, ["--schedule-policy", "continuum", *ARGS], env=env, log_path=tmp_path / "s.log")
     with srv:
         for _ in range(3):  # two tool returns: two samples

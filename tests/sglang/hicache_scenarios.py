@@ -15,15 +15,13 @@ once-used prefix on eviction and turn 2 recomputes it.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import sys
-import tempfile
-from pathlib import Path
 
 from continuum_lab.harness.inprocess import SchedulerDriver, build_scheduler
 from sglang_continuum.core.clock import ManualClock, use_clock
+from tests.support import fixed_ttl_env
 
 # The plugin inside the real Scheduler runs on this clock (the clock seam): tool gaps and TTLs
 # pass in virtual time, no test sleeps.
@@ -45,7 +43,7 @@ def tokens(rng, n, vocab=500):
 
 
 def scheduler(tiny_model, policy: str, write_policy: str, env: dict) -> SchedulerDriver:
-    os.environ.update({"SGLANG_CONTINUUM_TTL_MODEL": "fixed", "SGLANG_CONTINUUM_FIXED_TTL_S": str(TTL_S), **env})
+    os.environ.update({**fixed_ttl_env(TTL_S), **env})
     with use_clock(CLOCK):
         sched = build_scheduler(
             tiny_model, schedule_policy=policy, max_total_tokens=POOL, hicache_write_policy=write_policy, **HICACHE
@@ -135,49 +133,6 @@ def without_continuum_the_same_sequence_recomputes(tiny_model, write_policy):
     assert turn2.host_loaded_length == 0
     assert turn2.cached_tokens < 50  # the prefix was dropped with its device copy
     assert_nothing_held(driver.s.tree_cache)
-
-
-def predictive_reload_brings_the_prefix_back_before_the_tool_returns(tiny_model, write_policy):
-    from sglang_continuum.core.tool_stats import ToolStats
-
-    tmp_path = Path(tempfile.mkdtemp())
-    stats = ToolStats()
-    for _ in range(20):
-        stats.record("t", TOOL_S)  # the tool always takes TOOL_S
-    path = tmp_path / "stats.json"
-    path.write_text(json.dumps({"tool_stats": stats.to_dict()}))
-    driver = scheduler(
-        tiny_model,
-        "continuum",
-        write_policy,
-        {
-            "SGLANG_CONTINUUM_PREDICTIVE_RELOAD": "1",
-            "SGLANG_CONTINUUM_COLD_START_K": "5",
-            "SGLANG_CONTINUUM_STATS_PATH": str(path),
-            "SGLANG_CONTINUUM_PREDICTIVE_RELOAD_LEAD_S": "0.3",
-        },
-    )
-    cache = driver.s.tree_cache
-    rng = random.Random(8)
-    seen = {}
-
-    def tool_call():
-        start = CLOCK()
-        seen["node"] = cache.controller.pins.get("P").handle.node
-        idle_steps(driver, TTL_S + 0.1)
-        fill_device(driver, rng)
-        assert not cache.host_tier.on_device(seen["node"])
-        assert cache.controller.host_counters.reloads_started == 0
-        # reload due TOOL_S - lead (0.3 s) after the turn; the turn comes back at TOOL_S
-        idle_steps(driver, max(0.0, TOOL_S - (CLOCK() - start)))
-        assert cache.controller.host_counters.reloads_started == 1
-        assert cache.host_tier.on_device(seen["node"])
-
-    previous, turn2 = program_turns(driver, rng, "P", gap=tool_call)
-    assert turn2.host_loaded_length == 0 and turn2.cached_tokens == len(previous) - 1
-    counters = cache.controller.host_counters
-    assert counters.reloads_used == 1 and counters.reloads_wasted == 0
-    assert_nothing_held(cache)
 
 
 if __name__ == "__main__":

@@ -11,13 +11,14 @@ from continuum_lab.harness.cpu_cache import TurnDriver, make_cache
 from sglang_continuum.core.clock import ManualClock
 from sglang_continuum.core.metadata import ProgramMeta
 from sglang_continuum.core.settings import ContinuumSettings
+from tests.support import fixed_ttl_rules
 
 pytestmark = pytest.mark.sglang
 
 
-def continuum_cache(size=256, **kw):
+def continuum_cache(size=256, fixed_ttl_s=2.0, **kw):
     clock = ManualClock()
-    s = ContinuumSettings(ttl_model="fixed", **kw)
+    s = ContinuumSettings(rules=fixed_ttl_rules(fixed_ttl_s), max_ttl_s=max(30.0, fixed_ttl_s), **kw)
     return make_cache(size, settings=s, clock=clock), clock
 
 

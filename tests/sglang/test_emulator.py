@@ -12,6 +12,7 @@ import pytest
 
 from continuum_lab.emulator.step_model import StepLatencyModel
 from continuum_lab.workloads.schema import Program, Turn, dump_workload
+from tests.support import fixed_ttl_env
 
 pytestmark = pytest.mark.sglang
 
@@ -209,7 +210,7 @@ def test_hicache_an_expired_pins_prefix_comes_back_from_host_and_its_step_pays_t
         *(Program(program_id=f"f{i}", turns=[Turn(append_tokens=5000, output_tokens=4)]) for i in range(3)),
     ]
     workload = dump_workload(programs, tmp_path / "offload.jsonl")
-    env = ("SGLANG_CONTINUUM_TTL_MODEL=fixed", "SGLANG_CONTINUUM_FIXED_TTL_S=0.2")
+    env = tuple(f"{k}={v}" for k, v in fixed_ttl_env(0.2).items())
     run = _emulate(tmp_path, workload, "continuum+hicache", pool=8000, jps=10.0, seed=1, env=env)
     model = StepLatencyModel.load(_profile(tmp_path))
     host = run["emulator"]["host_transfers"]

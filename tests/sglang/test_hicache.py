@@ -34,7 +34,3 @@ def test_expired_pin_goes_to_host_and_next_turn_loads_it_back(tiny_model, write_
 def test_without_continuum_the_same_sequence_recomputes(tiny_model):
     # write_through_selective backs a prefix up only on its second use: plain fcfs drops it
     run_scenario("without_continuum_the_same_sequence_recomputes", tiny_model, "write_through_selective")
-
-
-def test_predictive_reload_brings_the_prefix_back_before_the_tool_returns(tiny_model):
-    run_scenario("predictive_reload_brings_the_prefix_back_before_the_tool_returns", tiny_model, "write_through")

@@ -52,8 +52,12 @@ def test_refuses_to_start_when_hooks_are_missing(monkeypatch):
 
 
 def test_bad_settings_fail_at_startup(monkeypatch):
-    monkeypatch.setenv("SGLANG_CONTINUUM_TTL_MODEL", "telepathy")
+    monkeypatch.setenv("SGLANG_CONTINUUM_RULES", "continuum_lab.bench.variants:TELEPATHY")
     with pytest.raises(ValueError, match="invalid sglang-continuum settings"):
+        plugin.check_active()
+    monkeypatch.delenv("SGLANG_CONTINUUM_RULES")
+    monkeypatch.setenv("SGLANG_CONTINUUM_TTL_MODEL", "cost")  # a setting that no longer exists
+    with pytest.raises(ValueError, match="SGLANG_CONTINUUM_TTL_MODEL"):
         plugin.check_active()
 
 

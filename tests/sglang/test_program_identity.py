@@ -10,6 +10,7 @@ import random
 import pytest
 
 from continuum_lab.harness.inprocess import SchedulerDriver, build_scheduler, release_parallel_runtime
+from tests.support import fixed_ttl_env
 
 pytestmark = pytest.mark.sglang
 
@@ -17,8 +18,8 @@ pytestmark = pytest.mark.sglang
 @pytest.fixture(scope="module")
 def driver(tiny_model):
     mp = pytest.MonkeyPatch()
-    mp.setenv("SGLANG_CONTINUUM_TTL_MODEL", "fixed")
-    mp.setenv("SGLANG_CONTINUUM_FIXED_TTL_S", "60")
+    for key, value in fixed_ttl_env(60).items():
+        mp.setenv(key, value)
     mp.setenv("SGLANG_CONTINUUM_CHECK_INTEGRITY", "1")
     sched = build_scheduler(tiny_model, max_total_tokens=1024)
     yield SchedulerDriver(sched)

@@ -12,6 +12,7 @@ from continuum_lab.harness.cpu_cache import TurnDriver, make_cache
 from sglang_continuum.core.clock import ManualClock
 from sglang_continuum.core.metadata import ProgramMeta
 from sglang_continuum.core.settings import ContinuumSettings
+from tests.support import fixed_ttl_rules
 
 pytestmark = pytest.mark.sglang
 
@@ -58,9 +59,7 @@ def test_incremental_order_equals_a_fresh_sort(sglang_globals, script):
     from sglang_continuum.adapter.schedule_policy import ContinuumSchedulePolicy
 
     clock = ManualClock()
-    settings_ = ContinuumSettings(
-        ttl_model="fixed", fixed_ttl_s=1.5, max_queue_wait_s=1.0, max_overtakes=2, pin_budget_fraction=1.0
-    )
+    settings_ = ContinuumSettings(rules=fixed_ttl_rules(1.5), max_overtakes=2, pin_budget_fraction=1.0)
     cache = make_cache(4096, settings=settings_, clock=clock)
     driver = TurnDriver(cache)
     policy = ContinuumSchedulePolicy(cache, False, False, False)
@@ -96,5 +95,5 @@ def test_incremental_order_equals_a_fresh_sort(sglang_globals, script):
         policy.calc_priority(queue)
     policy.calc_priority(queue)
     if any(req.sampling_params.custom_params for req in queue):
-        keys = [cache.controller.priority_key(req._continuum_tag, req.is_retracted, clock()) for req in queue]
+        keys = [cache.controller.priority_key(req._continuum_tag, req.is_retracted) for req in queue]
         assert keys == sorted(keys)

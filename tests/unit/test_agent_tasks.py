@@ -101,7 +101,9 @@ def test_attribution_is_scored_per_task_from_response_ids(tmp_path):
         ("x0", "inferred-3", "none"),  # a request of no task here (ignored)
     ]
     log = tmp_path / "attribution.jsonl"
-    log.write_text("".join(json.dumps({"rid": r, "program_id": p, "source": s}) + "\n" for r, p, s in rows))
+    log.write_text(
+        "".join(json.dumps({"event": "attributed", "rid": r, "program_id": p, "source": s}) + "\n" for r, p, s in rows)
+    )
     scored = score_attribution(runs, log)
     assert scored["turns_after_first"] == 3 and scored["attributed_right"] == 2
     assert scored["recall"] == pytest.approx(2 / 3) and scored["precision"] == pytest.approx(2 / 3)

@@ -14,5 +14,7 @@ def test_precision_and_recall_of_attribution(tmp_path):
     assert (s["turns_after_first"], s["attributed_right"], s["attributed_to_earlier_program"]) == (3, 1, 2)
     assert s["recall"] == 1 / 3 and s["precision"] == 1 / 2 and s["unlogged_requests"] == 0
     path = tmp_path / "log.jsonl"
-    path.write_bytes(b'{"rid": "a#0", "program_id": "inferred-1", "source": "none"}\n{"rid": "a#1", "progr')
+    path.write_bytes(
+        b'{"event": "attributed", "rid": "a#0", "program_id": "inferred-1", "source": "none"}\n{"rid": "a#1", "progr'
+    )
     assert read_log(path) == {"a#0": ("inferred-1", "none")}

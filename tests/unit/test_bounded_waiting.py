@@ -1,25 +1,23 @@
 """The overtaking budget follows the return loss: full while the pool keeps locality, down to
-``min_overtakes`` as it thrashes, fixed per request when it enters the queue."""
+``MIN_OVERTAKES`` as it thrashes, fixed per request when it enters the queue."""
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from pydantic import ValidationError
 
-from sglang_continuum.core.bounded_waiting import THRASH_LOSS, BoundedWaiting
-from sglang_continuum.core.clock import ManualClock
+from sglang_continuum.core.bounded_waiting import MIN_OVERTAKES, THRASH_LOSS, BoundedWaiting
 from sglang_continuum.core.controller import ContinuumController
 from sglang_continuum.core.counters import AdmissionCounters
 from sglang_continuum.core.metadata import ProgramMeta
 from sglang_continuum.core.return_loss import ReturnLossMeter
-from sglang_continuum.core.settings import ContinuumSettings
+from tests.support import controller
 
 
-def waiting(loss: float, samples: int = 32, **kw) -> BoundedWaiting:
+def waiting(loss: float, samples: int = 32, max_overtakes: int = 32) -> BoundedWaiting:
     meter = ReturnLossMeter(window=32)
     for _ in range(samples):
         meter.observe(1000, round(1000 * (1.0 - loss)))
-    return BoundedWaiting(ContinuumSettings(**kw), AdmissionCounters(), meter)
+    return BoundedWaiting(max_overtakes, AdmissionCounters(), meter)
 
 
 def test_budget_is_full_while_the_pool_keeps_locality():
@@ -29,19 +27,17 @@ def test_budget_is_full_while_the_pool_keeps_locality():
 
 
 def test_budget_falls_linearly_with_the_return_loss_past_thrash():
-    assert waiting(0.75, min_overtakes=8).budget() == 20  # halfway from 0.5 to 1: halfway from 32 to 8
-    assert waiting(1.0, min_overtakes=8).budget() == 8
-    assert waiting(1.0).budget() == ContinuumSettings().min_overtakes == 2  # the default floor
-    assert waiting(1.0, min_overtakes=32).budget() == 32  # equal: a fixed budget
+    assert waiting(0.75).budget() == 17  # halfway from 0.5 to 1: halfway from 32 to 2
+    assert waiting(1.0).budget() == MIN_OVERTAKES == 2
     assert waiting(1.0, max_overtakes=1).budget() == 1  # the floor is capped at the ceiling
     assert waiting(1.0, max_overtakes=0).budget() == 0  # no bound at all
 
 
 def test_a_floor_of_zero_is_refused():
     # budget 0 means "no bound" (overdue_after), so a floor of 0 would unbound exactly the turns of a
-    # thrashing pool, the opposite of what the setting asks for
-    with pytest.raises(ValidationError, match="min_overtakes"):
-        ContinuumSettings(min_overtakes=0)
+    # thrashing pool
+    with pytest.raises(ValueError, match="min_overtakes"):
+        BoundedWaiting(32, AdmissionCounters(), ReturnLossMeter(), min_overtakes=0)
 
 
 @given(
@@ -51,7 +47,7 @@ def test_a_floor_of_zero_is_refused():
 )
 def test_budget_stays_between_floor_and_ceiling(losses, k_max, k_min):
     meter = ReturnLossMeter(window=32)
-    bounded = BoundedWaiting(ContinuumSettings(max_overtakes=k_max, min_overtakes=k_min), AdmissionCounters(), meter)
+    bounded = BoundedWaiting(k_max, AdmissionCounters(), meter, min_overtakes=k_min)
     for loss in losses:
         meter.observe(1000, round(1000 * (1.0 - loss)))
         budget = bounded.budget()
@@ -72,8 +68,8 @@ def thrash(c: ContinuumController, programs: int = 8) -> None:
 
 
 def test_a_late_request_is_overdue_sooner_once_the_pool_thrashes():
-    c = ContinuumController(ContinuumSettings(ttl_model="fixed"), clock=ManualClock(), budget_tokens=10_000)
-    floor = c.settings.min_overtakes
+    c, _ = controller()
+    floor = MIN_OVERTAKES
     late = ProgramMeta("late", False, None)
     c.turn_admitted(c.turn_arrived(late), 500)
     c.turn_finished(late, context_tokens=500, handle=None)  # out on a tool
@@ -86,12 +82,12 @@ def test_a_late_request_is_overdue_sooner_once_the_pool_thrashes():
     new = c.turn_arrived(ProgramMeta("new", False, None))
     assert new.overtake_budget == 32  # a first turn keeps the full budget: the door is load control
     for i in range(floor):
-        assert not c.is_overdue(again, 0.0)
+        assert not c.is_overdue(again)
         c.turn_admitted(c.turn_arrived(ProgramMeta(f"o{i}", False, None)), 10)
-    assert c.is_overdue(again, 0.0) and not c.is_overdue(new, 0.0)
+    assert c.is_overdue(again) and not c.is_overdue(new)
     # the request that entered while the pool kept locality keeps its budget (its key changes only
     # at events the incremental order knows): 16 + floor later arrivals overtook it so far
-    assert before.overtake_budget == 32 and not c.is_overdue(before, 0.0)
+    assert before.overtake_budget == 32 and not c.is_overdue(before)
     c.turn_admitted(again, 510, cached_tokens=0)
     assert c.last_admission.overtaken == floor and c.last_admission.overtake_budget == floor
     c.check_integrity()

@@ -4,17 +4,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sglang_continuum.core.clock import ManualClock
-from sglang_continuum.core.controller import ContinuumController
+from continuum_lab.bench.variants import request_fcfs
 from sglang_continuum.core.metadata import ProgramMeta
-from sglang_continuum.core.priority import priority_key
+from sglang_continuum.core.priority import program_fcfs
 from sglang_continuum.core.settings import ContinuumSettings
+from tests.support import controller
 
 
 def make(ttl_model="fixed", budget=10_000, **kw):
-    clock = ManualClock()
-    s = ContinuumSettings(ttl_model=ttl_model, **kw)
-    return ContinuumController(s, clock=clock, budget_tokens=budget), clock
+    return controller(ttl_model, budget=budget, **kw)
 
 
 def turn(pid, last=False, tool=None):
@@ -134,46 +132,23 @@ def test_reference_rule():
 
 
 def test_priority_key_order():
-    def key(retracted=False, overdue=False, pinned=False, program=0, request=0, overdue_first=False):
-        return priority_key(
-            retracted=retracted,
-            overdue=overdue,
-            pinned=pinned,
-            program_rank=program,
-            request_rank=request,
-            overdue_first=overdue_first,
+    def key(retracted=False, overdue=False, pinned=False, program=0, request=0):
+        return program_fcfs(
+            retracted=retracted, overdue=overdue, pinned=pinned, program_rank=program, request_rank=request
         )
 
-    for overdue_first, expected in (
-        # shipped: pinned turns (resident prefix) before overdue ones; an overdue pinned turn is pinned
-        (False, ["retracted", "pinned", "pinned_overdue", "overdue_old", "overdue_new", "old_program", "new_program"]),
-        # the ablation (the old 3 s bound's order): overdue first, oldest request first
-        (True, ["retracted", "overdue_old", "pinned_overdue", "overdue_new", "pinned", "old_program", "new_program"]),
-    ):
-        keys = {
-            "retracted": key(retracted=True, program=9, request=9),
-            "overdue_old": key(overdue=True, program=8, request=3, overdue_first=overdue_first),
-            "overdue_new": key(overdue=True, program=0, request=6, overdue_first=overdue_first),
-            "pinned": key(pinned=True, program=5, request=8, overdue_first=overdue_first),
-            "pinned_overdue": key(pinned=True, overdue=True, program=6, request=5, overdue_first=overdue_first),
-            "old_program": key(program=1, request=7),
-            "new_program": key(program=3, request=2),
-        }
-        assert sorted(keys, key=keys.get) == expected, overdue_first
-
-
-def test_absolute_ceiling_goes_after_pinned_turns_oldest_first():
-    c, clock = make(max_queue_wait_s=5.0, max_overtakes=0)
-    early = c.turn_arrived(turn("early"))
-    late = c.turn_arrived(turn("late"))
-    other = c.turn_arrived(turn("other"))
-    c.turn_finished(turn("early"), context_tokens=10, handle="h")  # early's next turn will be pinned
-    again = c.turn_arrived(turn("early"))
-    clock.advance(4.0)
-    assert sorted([other, late, again], key=lambda t: c.priority_key(t, False, clock())) == [again, late, other]
-    clock.advance(1.0)  # 5 s waited: overdue, oldest request first, but after the pinned turn
-    assert c.is_overdue(late, clock()) and c.is_overdue(other, clock()) and not c.is_overdue(early, 0.0)
-    assert sorted([other, late, again], key=lambda t: c.priority_key(t, False, clock())) == [again, late, other]
+    # pinned turns (resident prefix) before overdue ones; an overdue pinned turn is pinned
+    expected = ["retracted", "pinned", "pinned_overdue", "overdue_old", "overdue_new", "old_program", "new_program"]
+    keys = {
+        "retracted": key(retracted=True, program=9, request=9),
+        "overdue_old": key(overdue=True, program=8, request=3),
+        "overdue_new": key(overdue=True, program=0, request=6),
+        "pinned": key(pinned=True, program=5, request=8),
+        "pinned_overdue": key(pinned=True, overdue=True, program=6, request=5),
+        "old_program": key(program=1, request=7),
+        "new_program": key(program=3, request=2),
+    }
+    assert sorted(keys, key=keys.get) == expected
 
 
 def test_overtaking_bound_counts_later_arrivals_admitted_ahead():
@@ -182,14 +157,14 @@ def test_overtaking_bound_counts_later_arrivals_admitted_ahead():
     held = c.turn_arrived(turn("held"), waiting_ahead=2)  # two requests wait ahead of it
     later = [c.turn_arrived(turn(f"l{i}"), waiting_ahead=3 + i) for i in range(5)]
     clock.advance(100.0)  # time alone never makes it overdue
-    assert not c.is_overdue(held, clock())
+    assert not c.is_overdue(held)
     for tag in ahead:  # admitting the requests ahead of it is FCFS, not overtaking
         c.turn_admitted(tag, 10)
     for tag in later[:2]:
         c.turn_admitted(tag, 10)
-    assert not c.is_overdue(held, clock()) and c.bounded.overdue_after(held) == 5
+    assert not c.is_overdue(held) and c.bounded.overdue_after(held) == 5
     c.turn_admitted(later[2], 10)  # the third later arrival admitted ahead of it
-    assert c.is_overdue(held, clock())
+    assert c.is_overdue(held)
     c.turn_admitted(held, 10)
     record = c.last_admission
     assert record.overdue and record.overtaken == 3 and record.program_id == "held" and record.turn == 1
@@ -197,81 +172,80 @@ def test_overtaking_bound_counts_later_arrivals_admitted_ahead():
 
 
 def test_a_retracted_turn_waits_afresh():
-    c, clock = make(max_overtakes=2, max_queue_wait_s=5.0)
+    c, clock = make(max_overtakes=2)
     tag = c.turn_arrived(turn("p"))
-    for i in range(3):  # overtaken three times, then it ran 20 s and was retracted
+    for i in range(3):  # overtaken three times, then it ran and was retracted
         c.turn_admitted(c.turn_arrived(turn(f"o{i}")), 10)
-    clock.advance(20.0)
-    assert c.is_overdue(tag, clock())
+    assert c.is_overdue(tag)
     c.turn_requeued(tag, waiting_ahead=0)
-    assert not c.is_overdue(tag, clock())  # neither the time it ran nor earlier overtakes count
-    clock.advance(5.0)
-    assert c.is_overdue(tag, clock())
+    assert not c.is_overdue(tag)  # earlier overtakes do not count
+    for i in range(2):
+        c.turn_admitted(c.turn_arrived(turn(f"q{i}")), 10)
+    assert c.is_overdue(tag)
 
 
 def test_bound_holds_with_program_order_off():
-    c, clock = make(program_order=False, max_overtakes=1)
+    c, clock = make(order=request_fcfs, max_overtakes=1)
     tag = c.turn_arrived(turn("p"))
     c.turn_admitted(c.turn_arrived(turn("q")), 10)
-    assert c.is_overdue(tag, clock())  # the bound is not inert in the pins-only mode
+    assert c.is_overdue(tag)  # the bound is not inert in the pins-only mode
 
 
-def test_overdue_first_turn_passes_admission_control_within_the_overcommit_limit():
-    c, clock = make(max_overtakes=1, overdue_admission_overcommit=1.5)
-    for pid in ("a", "b"):
-        c.turn_admitted(c.turn_arrived(turn(pid)), 400)  # 800 tokens in flight
-    small = c.turn_arrived(turn("small"))
-    big = c.turn_arrived(turn("big"))
-    assert c.holds_back(small, 300, 1000, clock()) and c.holds_back(big, 800, 1000, clock())
-    c.turn_admitted(c.turn_arrived(turn("c")), 10)  # overtaken by c's later arrival
-    c.turn_admitted(c.turn_arrived(turn("d")), 10)
-    assert c.is_overdue(small, clock()) and c.is_overdue(big, clock())
-    assert not c.holds_back(small, 300, 1000, clock())  # 820 + 300 <= 1.5 x 1000: passes
-    assert c.holds_back(big, 800, 1000, clock())  # 820 + 800 > 1.5 x 1000: still held back
-    assert c.admission.bypassed == 1 and c.admission.bypass_refused == 1 and small.bypassed
-
-
-@pytest.mark.parametrize("limit, passes", [(None, False), (1.0, False), (1.5, True), (0.0, True)])
-def test_an_overdue_first_turn_waits_for_room_by_default(limit, passes):
+def test_an_overdue_first_turn_waits_for_room():
     # 820 tokens in flight in a 1000-token pool; an overdue 300-token first turn does not fit the
-    # pool. By default (1: never past the pool, already sized for growth) it waits like any other;
-    # the limit before 2026-11-25 (1.5 pools) and no limit (0) let it in
-    c, clock = make(max_overtakes=1, **({} if limit is None else {"overdue_admission_overcommit": limit}))
+    # pool: it waits like any other (the pool is already sized for growth)
+    c, clock = make(max_overtakes=1)
     for pid in ("a", "b"):
         c.turn_admitted(c.turn_arrived(turn(pid)), 400)
     new = c.turn_arrived(turn("new"))
     c.turn_admitted(c.turn_arrived(turn("c")), 10)  # two later arrivals overtake it
     c.turn_admitted(c.turn_arrived(turn("d")), 10)
-    assert c.is_overdue(new, clock())
-    assert c.holds_back(new, 300, 1000, clock()) is not passes
-    assert (c.admission.bypassed, new.bypassed) == ((1, True) if passes else (0, False))
-    assert c.holds_back(new, 300, 2000, clock()) is False  # room in the pool: in it goes
+    assert c.is_overdue(new)
+    assert c.holds_back(new, 300, 1000) is True
+    assert c.holds_back(new, 300, 2000) is False  # room in the pool: in it goes
 
 
 def test_pins_only_ablation_orders_by_request_arrival_alone():
-    c, clock = make(program_order=False)
+    c, clock = make(order=request_fcfs)
     first = c.turn_arrived(turn("first"))
     c.turn_finished(turn("first"), context_tokens=10, handle="h")  # first's next turn is pinned
     newcomer = c.turn_arrived(turn("newcomer"))
     again = c.turn_arrived(turn("first"))
     assert c.pins.get("first") is not None
-    order = sorted([again, newcomer], key=lambda t: c.priority_key(t, False, clock()))
+    order = sorted([again, newcomer], key=lambda t: c.priority_key(t, False))
     assert order == [newcomer, again]  # with program order on, the pinned turn would go first
-    assert c.priority_key(again, True, clock()) < c.priority_key(newcomer, False, clock())  # retracted still first
+    assert c.priority_key(again, True) < c.priority_key(newcomer, False)  # retracted still first
     assert first.request_rank < newcomer.request_rank
 
 
 def test_settings_from_env_and_file(tmp_path):
     f = tmp_path / "c.toml"
-    f.write_text('ttl_model = "reference"\nmax_ttl_s = 9.0\n')
+    f.write_text("max_overtakes = 8\nmax_ttl_s = 9.0\n")
     s = ContinuumSettings.load({"SGLANG_CONTINUUM_CONFIG": str(f), "SGLANG_CONTINUUM_MAX_TTL_S": "4"})
-    assert s.ttl_model == "reference" and s.max_ttl_s == 4.0
+    assert s.max_overtakes == 8 and s.max_ttl_s == 4.0
     with pytest.raises(ValueError, match="invalid sglang-continuum settings"):
         ContinuumSettings.load({"SGLANG_CONTINUUM_PIN_BUDGET_FRACTION": "2"})
-    with pytest.raises(ValueError, match="program_idle_timeout_s must exceed"):
-        ContinuumSettings.load({"SGLANG_CONTINUUM_PROGRAM_IDLE_TIMEOUT_S": "20"})
+    with pytest.raises(ValueError, match="program_idle_timeout_s .* must exceed"):
+        ContinuumSettings.load({"SGLANG_CONTINUUM_MAX_TTL_S": "700"})
     with pytest.raises(ValueError, match="no such file"):
         ContinuumSettings.load({"SGLANG_CONTINUUM_CONFIG": str(tmp_path / "missing.toml")})
+
+
+def test_an_unknown_setting_stops_start_up_naming_it(tmp_path):
+    with pytest.raises(ValueError, match="SGLANG_CONTINUUM_MAX_OVERTAKE\\b"):
+        ContinuumSettings.load({"SGLANG_CONTINUUM_MAX_OVERTAKE": "8"})  # a typo is not silently the default
+    f = tmp_path / "c.toml"
+    f.write_text("max_overtake = 8\n")
+    with pytest.raises(ValueError, match="max_overtake"):
+        ContinuumSettings.load({"SGLANG_CONTINUUM_CONFIG": str(f)})
+    with pytest.raises(ValueError, match="rules 'no.such.module:X' does not resolve"):
+        ContinuumSettings.load({"SGLANG_CONTINUUM_RULES": "no.such.module:X"})
+    with pytest.raises(ValueError, match="not a Rules"):
+        ContinuumSettings(rules="sglang_continuum.core.rules:Timings")
+
+
+def test_the_operator_has_at_most_fifteen_settings():
+    assert len(ContinuumSettings.model_fields) <= 15
 
 
 def test_T_is_the_admission_wait_of_returning_misses():
@@ -480,31 +454,31 @@ def test_arrivals_are_counted_by_where_their_program_id_came_from():
     }
 
 
-@pytest.mark.parametrize("follows", [False, True])
-def test_working_set_follows_the_pin_decision_when_asked(follows):
+def test_working_set_follows_the_pin_decision():
     # a program the cost model lets go (TTL 0) or whose pin expired is no reason to hold back a
     # new program; a pinned one is, and so is one with a turn in flight
-    c, clock = make(fixed_ttl_s=0.0, working_set_follows_pins=follows)
+    follows = True
+    c, clock = make(fixed_ttl_s=0.0)
     c.turn_admitted(c.turn_arrived(turn("unpinned")), 600)
     assert c.turn_finished(turn("unpinned"), context_tokens=700, handle="h").pin is None
     new = c.turn_arrived(turn("new"))
-    assert c.holds_back(new, 400, 1000, clock()) is not follows  # 700 + 400 > 1000 unless let go
+    assert c.holds_back(new, 400, 1000) is not follows  # 700 + 400 > 1000 unless let go
     assert c.programs.working_set_tokens == (0 if follows else 700)
     c.programs.check_integrity()
 
-    c, clock = make(fixed_ttl_s=2.0, working_set_follows_pins=follows)
+    c, clock = make(fixed_ttl_s=2.0)
     c.turn_admitted(c.turn_arrived(turn("pinned")), 600)
     assert c.turn_finished(turn("pinned"), context_tokens=700, handle="h").pin is not None
     new = c.turn_arrived(turn("new"))
-    assert c.holds_back(new, 400, 1000, clock())  # pinned: its room is kept either way
+    assert c.holds_back(new, 400, 1000)  # pinned: its room is kept either way
     clock.advance(2.5)
     assert len(c.step(lambda pid: False).expired) == 1
-    assert c.holds_back(new, 400, 1000, clock()) is not follows  # expired: let go
+    assert c.holds_back(new, 400, 1000) is not follows  # expired: let go
     c.programs.check_integrity()
 
 
 def test_a_program_with_a_turn_in_flight_stays_in_the_working_set():
-    c, clock = make(fixed_ttl_s=0.0, working_set_follows_pins=True)
+    c, clock = make(fixed_ttl_s=0.0)
     c.turn_admitted(c.turn_arrived(turn("p")), 600)
     c.turn_arrived(turn("p"))  # a concurrent turn of it waits
     c.turn_finished(turn("p"), context_tokens=700, handle="h")
@@ -514,15 +488,15 @@ def test_a_program_with_a_turn_in_flight_stays_in_the_working_set():
 def test_admission_expecting_growth_holds_a_new_program_the_pool_will_not_hold_later():
     # programs that ended grew to 800 tokens; one in flight is at 300 today. A new 200-token first
     # turn fits today's sizes (500 <= 1000) but not what both will need (800 + 800)
-    for expects, held in ((False, False), (True, True), (None, True)):  # None: the default expects growth
-        c, clock = make(**({} if expects is None else {"admission_expects_growth": expects}))
+    for held in (True,):
+        c, clock = make()
         for pid in ("done1", "done2"):
             c.turn_admitted(c.turn_arrived(turn(pid)), 800)
             c.turn_finished(turn(pid, last=True), context_tokens=800, handle=None)
         c.turn_admitted(c.turn_arrived(turn("running")), 300)
         new = c.turn_arrived(turn("new"))
-        assert c.holds_back(new, 200, 1000, clock()) is held
-        assert c.holds_back(new, 200, 2000, clock()) is False  # room for both grown
+        assert c.holds_back(new, 200, 1000) is held
+        assert c.holds_back(new, 200, 2000) is False  # room for both grown
         c.programs.check_integrity()
 
 
@@ -530,41 +504,40 @@ def test_first_turns_taken_by_one_selection_count_against_the_door():
     # 400 tokens in flight in a 1000-token pool: one 350-token newcomer fits, two do not. The
     # working set hears of an admission only after the batch is formed, so the turns a selection
     # already took are passed in; without them both newcomers saw the same room and went together
-    c, clock = make(admission_expects_growth=False)
+    c, clock = make()
     c.turn_admitted(c.turn_arrived(turn("a")), 400)
     first, second = c.turn_arrived(turn("new-1")), c.turn_arrived(turn("new-2"))
-    assert c.holds_back(first, 350, 1000, clock()) is False
+    assert c.holds_back(first, 350, 1000) is False
     taken = c.admission_reservation(first, 350)
     assert taken == 350
-    assert c.holds_back(second, 350, 1000, clock(), pending_tokens=taken) is True
-    assert c.holds_back(second, 350, 1000, clock()) is False  # what the selection did before
+    assert c.holds_back(second, 350, 1000, pending_tokens=taken) is True
+    assert c.holds_back(second, 350, 1000) is False  # what the selection did before
     # a returning turn of a program in the working set reserves only its growth
     again = c.turn_arrived(turn("a"))
     assert c.admission_reservation(again, 450) == 50
     c.turn_admitted(first, 350)  # the batch is formed: the working set knows now
-    assert c.holds_back(second, 350, 1000, clock()) is True
+    assert c.holds_back(second, 350, 1000) is True
     c.check_integrity()
 
 
 @given(
     st.lists(st.integers(1, 800), min_size=1, max_size=8),
     st.lists(st.integers(1, 500), min_size=1, max_size=6),
-    st.booleans(),
 )
-def test_a_selection_never_takes_more_programs_than_the_door_would_one_at_a_time(in_flight, newcomers, growth):
+def test_a_selection_never_takes_more_programs_than_the_door_would_one_at_a_time(in_flight, newcomers):
     # however the newcomers are batched, the door with pending reservations lets in exactly what it
     # would have let in had each been admitted in a batch of its own
     pool = 2000
 
     def run(batched: bool) -> list[bool]:
-        c, clock = make(admission_expects_growth=growth)
+        c, clock = make()
         for i, ctx in enumerate(in_flight):
             c.turn_admitted(c.turn_arrived(turn(f"old-{i}")), ctx)
-        c.turn_finished(turn("old-0", last=True), context_tokens=in_flight[0])  # E, when growth is on
+        c.turn_finished(turn("old-0", last=True), context_tokens=in_flight[0])  # E
         tags = [c.turn_arrived(turn(f"new-{i}")) for i in range(len(newcomers))]
         passed, pending = [], 0
         for tag, tokens in zip(tags, newcomers):
-            held = c.holds_back(tag, tokens, pool, clock(), pending_tokens=pending if batched else 0)
+            held = c.holds_back(tag, tokens, pool, pending_tokens=pending if batched else 0)
             passed.append(not held)
             if not held:
                 if batched:

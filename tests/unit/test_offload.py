@@ -1,5 +1,5 @@
-"""The host tier in the cost model and the controller: reload cost, host TTL, host pins,
-predictive reload (pure logic, manual clock)."""
+"""The host tier in the cost model and the controller: reload cost, host TTL, host pins (pure
+logic, manual clock)."""
 
 import math
 
@@ -8,14 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_continuum.core.clock import ManualClock
-from sglang_continuum.core.controller import ContinuumController
 from sglang_continuum.core.cost_model import CostModelTTL, PrefillProfile
 from sglang_continuum.core.metadata import ProgramMeta
-from sglang_continuum.core.offload import ReloadCost, host_ttl, predicted_return, remaining_samples
+from sglang_continuum.core.offload import ReloadCost, host_ttl, remaining_samples
 from sglang_continuum.core.settings import ContinuumSettings
 from sglang_continuum.core.tool_stats import ToolStats
 from sglang_continuum.core.ttl import TTLQuery
+from tests.support import controller
 
 RELOAD = ReloadCost(bytes_per_token=1000, bytes_per_s=1e6, latency_s=0.0)  # 1 ms per token
 
@@ -70,24 +69,16 @@ def test_host_ttl_is_the_best_candidate(samples, elapsed, benefit, hold):
         assert value(ttl) >= value(cand) - 1e-9
 
 
-def test_predicted_return_is_a_quantile_of_the_remaining_time():
-    s = np.array([1.0, 2.0, 3.0, 4.0])
-    assert predicted_return(s, 0.0, 0.5) == 2.0
-    assert predicted_return(s, 2.5, 0.5) == pytest.approx(0.5)
-    assert predicted_return(s, 9.0, 0.5) == 0.0  # overdue
-    assert predicted_return(None, 0.0, 0.5) is None
-
-
 def cost_model(k=5, **kw):
     stats = ToolStats()
-    model = CostModelTTL(ContinuumSettings(cold_start_k=k, **kw), stats, PrefillProfile((0.0, 0.01, 0.0)))
+    model = CostModelTTL(ContinuumSettings(**kw), stats, PrefillProfile((0.0, 0.01, 0.0)), cold_start_k=k)
     return stats, model
 
 
 def test_with_a_host_tier_a_miss_costs_a_reload_not_a_prefill():
     _, model = cost_model()
     assert model.benefit_s(1000) == pytest.approx(10.0)  # prefill: 10 ms per token
-    model.use_host_tier(RELOAD, hold_cost=0.5)
+    model.use_host_tier(RELOAD, hold_cost=0.5, max_host_ttl_s=300.0)
     assert model.benefit_s(1000) == pytest.approx(1.0)  # reload: 1 ms per token
     # host copy: saves prefill - reload = 9 s; cold start with Exp(1): ln(9 / 0.5)
     assert model.host_ttl(TTLQuery("t", 1000), elapsed_s=3.0) == pytest.approx(math.log(18.0))
@@ -100,14 +91,12 @@ def test_device_ttl_shrinks_when_hicache_makes_misses_cheap():
     q = TTLQuery("t", 1000)  # prefill 10 s: pin through the whole tool CDF
     without = model.ttl(q)
     assert without == pytest.approx(5.0)
-    model.use_host_tier(RELOAD, hold_cost=0.5)
+    model.use_host_tier(RELOAD, hold_cost=0.5, max_host_ttl_s=300.0)
     assert model.ttl(q) < without
 
 
 def make(**kw):
-    clock = ManualClock()
-    s = ContinuumSettings(ttl_model="fixed", fixed_ttl_s=1.0, cold_start_k=2, host_ttl_s=30.0, **kw)
-    c = ContinuumController(s, clock=clock, budget_tokens=10_000)
+    c, clock = controller(fixed_ttl_s=1.0, host_ttl_s=30.0, **kw)
     c.attach_host_tier(reload=RELOAD, host_budget_tokens=1_000, hold_cost=0.5)
     return c, clock
 
@@ -134,7 +123,7 @@ def test_expired_pin_becomes_a_host_pin_released_when_the_next_turn_is_admitted(
     tag = c.turn_arrived(ProgramMeta("p", True))
     assert tag.returning_miss  # no device pin: it is a device miss even if host has it
     assert c.turn_admitted(tag, 100) is None
-    assert [p.handle for p in c.host_returned(tag, loaded_tokens=99, device_prefix_tokens=99)] == ["host-p"]
+    assert [p.handle for p in c.host_returned(tag, loaded_tokens=99)] == ["host-p"]
     assert c.host_counters.host_hits == 1 and c.host_counters.host_hit_tokens == 99 and len(c.host_pins) == 0
 
 
@@ -162,7 +151,7 @@ def test_no_host_pin_for_programs_that_ended_or_without_a_host_tier():
     [pin] = c.step(lambda _: False).expired
     c.programs.forget("p")
     assert c.offload(pin).pin is None
-    plain = ContinuumController(ContinuumSettings(ttl_model="fixed"), clock=ManualClock(), budget_tokens=100)
+    plain, _ = controller(budget=100)
     plain.turn_arrived(ProgramMeta("q"))
     assert plain.offload(plain.turn_finished(ProgramMeta("q"), context_tokens=10, handle="h").pin).pin is None
 
@@ -187,44 +176,3 @@ def test_host_budget_sheds_latest_program_first():
     late = c.offload(pins[1])  # 600 + 600 > 1000: the later program is refused
     assert late.pin is None and [p.program_id for p in c.host_pins] == ["early"]
     c.host_pins.check_integrity()
-
-
-def test_predictive_reload_is_due_before_the_predicted_return_and_settles():
-    c, clock = make(predictive_reload=True, predictive_reload_quantile=0.5, predictive_reload_lead_s=0.5)
-    for _ in range(10):
-        c.stats.record("t", 6.0)
-    first_turn(c, "p", tokens=500)  # reload takes 0.5 s
-    host = offload_after_expiry(c, clock, "p")  # at 1.5 s; return predicted at 6 s
-    clock.now = 4.9
-    assert c.step(lambda _: False).reloads == []
-    clock.now = 5.0  # 6.0 - (0.5 reload + 0.5 lead)
-    assert c.step(lambda _: False).reloads == [host]
-    c.reload_started(host)
-    assert c.step(lambda _: False).reloads == []  # each once
-    tag = c.turn_arrived(ProgramMeta("p", True))
-    c.host_returned(tag, loaded_tokens=0, device_prefix_tokens=500)
-    assert c.host_counters.reloads_started == 1 and c.host_counters.reloads_used == 1
-
-
-def test_predictive_reload_wasted_when_the_turn_loads_from_host_anyway():
-    c, clock = make(predictive_reload=True)
-    for _ in range(10):
-        c.stats.record("t", 3.0)
-    first_turn(c, "p", tokens=100)
-    host = offload_after_expiry(c, clock, "p")
-    clock.now = 10.0
-    assert c.step(lambda _: False).reloads == [host]
-    c.reload_started(host)
-    tag = c.turn_arrived(ProgramMeta("p", True))
-    c.host_returned(tag, loaded_tokens=100, device_prefix_tokens=100)  # evicted again meanwhile
-    assert c.host_counters.reloads_wasted == 1 and c.host_counters.reloads_used == 0
-
-
-def test_no_predictive_reload_unless_enabled():
-    c, clock = make()
-    for _ in range(10):
-        c.stats.record("t", 3.0)
-    first_turn(c, "p")
-    offload_after_expiry(c, clock, "p")
-    clock.now = 100.0
-    assert c.step(lambda _: False).reloads == []

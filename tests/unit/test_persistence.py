@@ -12,7 +12,7 @@ from sglang_continuum.core.settings import ContinuumSettings
 
 
 def controller():
-    return ContinuumController(ContinuumSettings(ttl_model="cost"), clock=ManualClock(), budget_tokens=100)
+    return ContinuumController(ContinuumSettings(), clock=ManualClock(), budget_tokens=100)
 
 
 @pytest.mark.parametrize(

@@ -10,12 +10,11 @@ import pytest
 import zmq
 
 from continuum_lab.harness.server import free_port
-from sglang_continuum.core.clock import ManualClock
-from sglang_continuum.core.controller import ContinuumController
 from sglang_continuum.core.metadata import ProgramMeta
 from sglang_continuum.core.settings import ContinuumSettings
 from sglang_continuum.core.stats_exchange import DURATION, StatsExchange
 from sglang_continuum.core.ttl import TTLQuery
+from tests.support import controller as make_controller
 
 DEADLINE_S = 20.0  # generous: only reached when the behaviour under test is broken
 
@@ -25,8 +24,7 @@ def endpoint() -> str:
 
 
 def worker(publish, peers, **kw):
-    settings = ContinuumSettings(cold_start_k=20)
-    controller = ContinuumController(settings, clock=ManualClock(), budget_tokens=100_000)
+    controller, _ = make_controller("cost", budget=100_000, cold_start_k=20)
     exchange = StatsExchange(publish, peers, interval_s=0.0, **kw)
     controller.share_sample = exchange.record
     return controller, exchange

@@ -7,7 +7,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_continuum.core.cost_model import (
-    BernsteinTTL,
     CostModelTTL,
     EtaEstimator,
     PrefillProfile,
@@ -17,6 +16,7 @@ from sglang_continuum.core.cost_model import (
 from sglang_continuum.core.settings import ContinuumSettings
 from sglang_continuum.core.tool_stats import SampleWindow, ToolStats
 from sglang_continuum.core.ttl import TTLQuery, optimal_ttl
+from sglang_continuum.core.ttl_baselines import BernsteinTTL
 
 
 def objective(samples, benefit, tau):
@@ -47,12 +47,12 @@ def test_result_is_a_candidate_and_beats_zero_and_every_other_candidate(samples,
 
 
 def settings_(**kw):
-    return ContinuumSettings(ttl_model="cost", **kw)
+    return ContinuumSettings(**kw)
 
 
 def model(k=100, coeffs=(0.0, 0.0, 0.0)):
     stats = ToolStats()
-    return CostModelTTL(settings_(cold_start_k=k), stats, PrefillProfile(coeffs)), stats
+    return CostModelTTL(settings_(), stats, PrefillProfile(coeffs), cold_start_k=k), stats
 
 
 @pytest.mark.parametrize("benefit", [0.5, 1.0, 3.0, 50.0])
@@ -203,13 +203,12 @@ def test_prefill_profile_fit_recovers_a_quadratic():
 
 def test_bernstein_bound_and_fallbacks():
     stats = ToolStats()
-    s = ContinuumSettings(ttl_model="bernstein", bernstein_min_samples=5, bernstein_t_default_s=2.0)
-    b = BernsteinTTL(s, stats)
+    b = BernsteinTTL(ContinuumSettings(), stats, min_samples=5, t_default_s=2.0)
     assert b.ttl(TTLQuery("x", 1)) == 2.0  # no data: T_default
     for _ in range(20):
         stats.record("x", 1.0)
     w = stats.tool("x")
-    log_term = math.log(3 / s.bernstein_delta)
+    log_term = math.log(3 / b.delta)
     assert b.bound(w) == pytest.approx(1.0 + 3 * 1.0 * log_term / 20)
     assert b.ttl(TTLQuery("x", 1)) == pytest.approx(4.0 / b.bound(w))
     for _ in range(10):
@@ -237,20 +236,15 @@ def test_batch_extend_equals_adding_one_by_one(capacity, batches):
         assert batched.variance == pytest.approx(single.variance, abs=1e-9)
 
 
-def test_settings_check_model_names_without_importing_the_models():
-    """No import circle settings -> ttl_registry -> cost_model -> settings: the settings read the
-    names from core/ttl_names.py, which the registry must match exactly."""
+def test_settings_load_without_importing_the_models():
+    """The settings resolve the rules (and so the models) only when validated, so the settings
+    module itself imports no model: no circle settings -> rules -> cost_model -> settings."""
     import subprocess
     import sys
 
-    from sglang_continuum.core.ttl_names import TTL_MODEL_NAMES
-    from sglang_continuum.core.ttl_registry import TTL_MODELS
-
-    assert set(TTL_MODELS) == TTL_MODEL_NAMES
-    with pytest.raises(ValueError, match="unknown TTL model"):
-        ContinuumSettings(ttl_model="nope")
     probe = (
-        "import sys; from sglang_continuum.core.settings import ContinuumSettings; ContinuumSettings(ttl_model='cost'); "
-        "assert not {m for m in sys.modules if m.endswith(('ttl_registry', 'cost_model', '.ttl', 'offload'))}, sys.modules"
+        "import sys; import sglang_continuum.core.settings; "
+        "assert not {m for m in sys.modules if m.endswith(('rules', 'cost_model', '.ttl', 'offload'))}, sys.modules; "
+        "from sglang_continuum.core.settings import ContinuumSettings; ContinuumSettings()"
     )
     subprocess.run([sys.executable, "-c", probe], check=True)

@@ -1,8 +1,8 @@
 """How well the server inferred programs for a replay that sent no ids (``continuum-bench --no-ids``).
 
-The server writes, per request with no id, the program it attributed the request to
-(``attribution_log``: JSONL ``{"rid", "program_id", "source"}``; ``source`` is ``inferred`` for a
-continuation found by prefix, ``none`` for a new inferred program). The replay names each request
+The server writes, per request with no id, the program it attributed the request to (its
+``event_log``: ``{"event": "attributed", "rid", "program_id", "source"}``; ``source`` is
+``inferred`` for a continuation found by prefix, ``none`` for a new inferred program). The replay names each request
 ``<program>#<turn>`` (SGLang's ``rid``), so the truth is known: turn ``i >= 1`` of a program is
 attributed right when it continues the program its turn ``i - 1`` was attributed to.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable, Optional
 
-import orjson
+from continuum_lab.bench.events import read_attributions
 
 
 def turn_rid(program_id: str, turn: int) -> str:
@@ -25,13 +25,10 @@ def turn_rid(program_id: str, turn: int) -> str:
 def read_log(path: Path) -> dict[str, tuple[str, str]]:
     """rid -> (program id, source); unreadable lines are skipped (a crash may cut the last one)."""
     out: dict[str, tuple[str, str]] = {}
-    if not path.is_file():
-        return out
-    for line in path.read_bytes().splitlines():
+    for row in read_attributions(path):
         try:
-            row = orjson.loads(line)
             out[str(row["rid"])] = (str(row["program_id"]), str(row["source"]))
-        except (orjson.JSONDecodeError, KeyError, TypeError):
+        except KeyError:
             continue
     return out
 

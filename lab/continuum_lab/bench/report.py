@@ -20,10 +20,8 @@ PIN_SERIES = {
     "admission_sheds": series_name("admission.admission_sheds"),
     "held_back": series_name("admission.held_back"),
     "overdue_admitted": series_name("admission.overdue_admitted"),
-    "admission_bypassed": series_name("admission.bypassed"),
     "sheds_admission": series_name("sheds.admission"),
     "sheds_idle": series_name("sheds.idle"),
-    "sheds_overdue": series_name("sheds.overdue"),
     "sheds_alloc": series_name("sheds.alloc"),
     "sheds_budget": series_name("sheds.budget"),
     "sheds_while_waiting": series_name("sheds.while_waiting"),
@@ -31,9 +29,6 @@ PIN_SERIES = {
     "host_loaded_tokens": "sglang:load_back_tokens_total",
     "offloads": series_name("host.offloaded"),
     "host_hit_tokens": series_name("host.host_hit_tokens"),
-    "reloads_started": series_name("host.reloads_started"),
-    "reloads_used": series_name("host.reloads_used"),
-    "reloads_wasted": series_name("host.reloads_wasted"),
 }
 
 
@@ -142,7 +137,6 @@ COLUMNS = [
     ("sheds_while_waiting", "sheds w/ turn waiting", "{:.0f}"),
     ("programs_in_system", "programs in system", "{:.1f}"),
     ("overdue_admitted", "overdue", "{:.0f}"),
-    ("admission_bypassed", "bypassed AC", "{:.0f}"),
     ("host_loaded_tokens", "host-loaded tokens", "{:.0f}"),
     ("server_forward_s", "forward s", "{:.1f}"),
     ("server_loop_s", "rest of loop s", "{:.1f}"),

@@ -44,6 +44,7 @@ from typing import Optional
 from tqdm import tqdm
 
 from continuum_lab.bench.attribution import read_log, score
+from continuum_lab.bench.events import read_admission_log, summarize_admissions
 from continuum_lab.bench.policies import (
     CPU_PROFILE,
     context_length,
@@ -58,7 +59,6 @@ from continuum_lab.bench.seeds import aggregate, collapsed_flags, headline, run_
 from continuum_lab.harness.fleet import ROUTER_ARGS, ROUTER_POLICIES, Fleet, fleet_summary, worker_table
 from continuum_lab.harness.server import GPU_SHIM_ENV, GPU_SHIM_FLAGS, SGLangServer, cpu_split, tree_cores
 from continuum_lab.workloads.schema import load_workload
-from sglang_continuum.core.admission_log import read_admission_log, summarize_admissions
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -236,12 +236,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                     server_cores = sorted(set().union(*(tree_cores(w.proc.pid) for w in fleet.workers)))
                 workers = worker_table(result.worker_metrics)
             else:
-                admission_log = args.out / f"admissions-{policy}-{jps:g}-s{seed}-r{repeat}.jsonl"
-                admission_log.unlink(missing_ok=True)
-                run_env = {**env, "SGLANG_CONTINUUM_ADMISSION_LOG_PATH": str(admission_log.resolve()), **extra_env}
-                if attribution_log is not None:
-                    attribution_log.unlink(missing_ok=True)
-                    run_env["SGLANG_CONTINUUM_ATTRIBUTION_LOG"] = str(attribution_log.resolve())
+                event_log = _event_log_path(args, policy, jps, seed, repeat)
+                event_log.unlink(missing_ok=True)
+                run_env = {**env, "SGLANG_CONTINUUM_EVENT_LOG": str(event_log.resolve()), **extra_env}
                 with SGLangServer(
                     args.model,
                     [*flags, *common],
@@ -262,7 +259,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if workers is not None:
             summary |= fleet_summary(workers)
         elif not args.url:
-            admissions = summarize_admissions(read_admission_log(admission_log))
+            admissions = summarize_admissions(read_admission_log(event_log))
             if admissions:
                 summary["admissions"] = admissions
         runs.append(
@@ -274,7 +271,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 "server_cores": server_cores,
                 "summary": summary,
                 **({"workers": workers} if workers is not None else {}),
-                **(_attribution(args, result, attribution_log) if workers is None else {}),
+                **(_attribution(args, result, attribution_log) if workers is None and attribution_log else {}),
                 "replay": result.to_dict(),
             }
         )
@@ -391,12 +388,17 @@ def fleet_section(runs: list[dict]) -> list[str]:
     return [*lines, ""]
 
 
+def _event_log_path(args, policy: str, jps: float, seed: int, repeat: int) -> Path:
+    """Where the run's server writes its event log (admissions; attributions with ``--no-ids``)."""
+    folder = args.out / ("runs" if args.emulate else "")
+    return folder / f"events-{policy}-{jps:g}-s{seed}-r{repeat}.jsonl"
+
+
 def _attribution_path(args, policy: str, jps: float, seed: int, repeat: int) -> Optional[Path]:
-    """Where the run's server writes its attribution log (``--no-ids`` on a continuum policy)."""
+    """The event log the run's attributions are read from (``--no-ids`` on a continuum policy)."""
     if not args.no_ids or not policy.startswith("continuum") or args.url:
         return None
-    folder = args.out / ("runs" if args.emulate else "")
-    return folder / f"attribution-{policy}-{jps:g}-s{seed}-r{repeat}.jsonl"
+    return _event_log_path(args, policy, jps, seed, repeat)
 
 
 def _attribution(args, result: ReplayResult, log: Optional[Path]) -> dict:
@@ -486,7 +488,7 @@ def _emulated_runs(grid, args, pool: int, extra_env: dict):
         if log_path is not None:
             if not (args.reuse_runs and out.is_file()):
                 log_path.unlink(missing_ok=True)
-            cmd.append(f"--env=SGLANG_CONTINUUM_ATTRIBUTION_LOG={log_path.resolve()}")
+            cmd.append(f"--env=SGLANG_CONTINUUM_EVENT_LOG={log_path.resolve()}")
         if args.reuse_runs and out.is_file():
             return json.loads(out.read_text())
         log = out.with_suffix(".log")

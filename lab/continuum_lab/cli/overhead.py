@@ -74,7 +74,8 @@ def bench_calc_priority(model_path: str, waiting: int, pins: int) -> dict:
     publish(args, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
 
     rng = random.Random(0)
-    cache = make_cache(131072, settings=ContinuumSettings(ttl_model="fixed", fixed_ttl_s=1e6, pin_budget_fraction=1.0))
+    rules = "continuum_lab.bench.variants:fixed_ttl(seconds=1e6)"  # capped at max_ttl_s
+    cache = make_cache(131072, settings=ContinuumSettings(rules=rules, pin_budget_fraction=1.0))
     driver = TurnDriver(cache)
     programs = [f"p{i}" for i in range(waiting // 5)]
     contexts = {p: [rng.randrange(5, 500) for _ in range(40)] for p in programs}
@@ -177,6 +178,7 @@ def bench_vocab_check(sizes=(1_000, 32_000, 128_000)) -> list[dict]:
 
 
 def bench_expiry(sizes=(100, 1000, 10_000, 100_000)) -> list[dict]:
+    from continuum_lab.bench.variants import fixed_ttl
     from sglang_continuum.core.clock import ManualClock
     from sglang_continuum.core.controller import ContinuumController
     from sglang_continuum.core.metadata import ProgramMeta
@@ -185,9 +187,7 @@ def bench_expiry(sizes=(100, 1000, 10_000, 100_000)) -> list[dict]:
     rows = []
     for n in sizes:
         clock = ManualClock()
-        c = ContinuumController(
-            ContinuumSettings(ttl_model="fixed", fixed_ttl_s=1000.0), clock=clock, budget_tokens=10**12
-        )
+        c = ContinuumController(ContinuumSettings(), clock=clock, budget_tokens=10**12, rules=fixed_ttl(1000.0))
         for i in range(n):
             meta = ProgramMeta(f"p{i}")
             c.turn_arrived(meta)
@@ -283,19 +283,20 @@ def bench_ttl_decision(sizes=(100, 10_000, 100_000)) -> list[dict]:
     rows = []
     rng = np.random.default_rng(0)
     for n in sizes:
-        s = ContinuumSettings(ttl_model="cost", tool_window=n, global_window=n, cold_start_k=min(100, n - 1))
+        s = ContinuumSettings()
+        k = min(100, n - 1)
         stats = ToolStats(window=n, global_window=n)
         for x in rng.lognormal(0.0, 1.5, size=n):
             stats.record("bash", float(x))
-        model = CostModelTTL(s, stats, PrefillProfile((0.05, 2e-4, 1e-9)))
+        model = CostModelTTL(s, stats, PrefillProfile((0.05, 2e-4, 1e-9)), cold_start_k=k)
         q = TTLQuery("bash", 20_000)
         model.ttl(q)
         r = timeit(lambda: model.ttl(q), 2000)
         # the host-copy TTL an offload decides (HiCache): conditioned CDF, Llama-8B-sized KV (128 KiB/token) at 25 GB/s
         from sglang_continuum.core.offload import ReloadCost
 
-        hosted = CostModelTTL(s, stats, PrefillProfile((0.05, 2e-4, 1e-9)))
-        hosted.use_host_tier(ReloadCost(131072, 2.5e10), hold_cost=0.25)
+        hosted = CostModelTTL(s, stats, PrefillProfile((0.05, 2e-4, 1e-9)), cold_start_k=k)
+        hosted.use_host_tier(ReloadCost(131072, 2.5e10), hold_cost=0.25, max_host_ttl_s=300.0)
         host = timeit(lambda: hosted.host_ttl(q, 1.0), 2000)
         t0 = time.perf_counter()
         for x in rng.lognormal(0.0, 1.5, size=200):

@@ -38,23 +38,33 @@ def emulate(
     no_ids: bool = False,
     marks: tuple[float, ...] = (60.0,),
 ) -> dict:
-    from continuum_lab.bench.policies import parse_policy, tlru_config
+    from continuum_lab.bench.events import read_admission_log, summarize_admissions
+    from continuum_lab.bench.policies import parse_policy, policy_named, tlru_config
     from continuum_lab.workloads.schema import load_workload
+    from sglang_continuum.core.settings import ENV_PREFIX, ContinuumSettings, use_settings
 
     programs = load_workload(workload)
     if programs_limit:
         programs = programs[:programs_limit]
-    flags, policy_env = parse_policy(policy, cpu=True)
+    flags, _ = parse_policy(policy, cpu=True)
     if "tlru" in flags:
         flags += ["--radix-eviction-policy-config", json.dumps(tlru_config(programs))]
-    os.environ.update(policy_env)
-    os.environ.update(env or {})
-    os.environ.setdefault("SGLANG_CONTINUUM_PREFILL_PROFILE", str(Path(profile_path).resolve()))
+    # the plugin's settings, typed: the profile < the policy's < the caller's (``env``'s
+    # SGLANG_CONTINUUM_* entries, checked like a server's environment); the rest of ``env`` is SGLang's
+    env = dict(env or {})
+    plugin_env = {k: env.pop(k) for k in list(env) if k.startswith(ENV_PREFIX)}
+    named = {k[len(ENV_PREFIX) :].lower() for k in plugin_env}
+    overrides = ContinuumSettings.load(environ=plugin_env).model_dump(include=named)
+    values = {
+        "prefill_profile": str(Path(profile_path).resolve()),
+        **policy_named(policy).setting_values(),
+        **overrides,
+    }
+    os.environ.update(env)
 
     from continuum_lab.emulator import sglang_engine as engine
     from continuum_lab.emulator.driver import ClosedLoopDriver
     from continuum_lab.emulator.step_model import StepLatencyModel
-    from sglang_continuum.core.admission_log import read_admission_log, summarize_admissions
     from sglang_continuum.core.clock import ManualClock, use_clock
 
     latency = StepLatencyModel.load(profile_path)
@@ -66,56 +76,57 @@ def emulate(
         extra_flags = engine.hicache_flags(extra_flags, max_total_tokens, latency.kv_bytes_per_token)
         # the plugin's reload cost reads the host pool's bytes per token, the accounting model's
         # 64: scale the bandwidth so that its transfer times are the profiled model's
-        key = "SGLANG_CONTINUUM_HOST_BANDWIDTH_BYTES_PER_S"
-        real = float(os.environ.get(key, latency.host_bytes_per_s))
-        os.environ[key] = repr(real * engine.ACCOUNTING_KV_BYTES_PER_TOKEN / latency.kv_bytes_per_token)
+        real = values.get("host_bandwidth_bytes_per_s") or latency.host_bytes_per_s
+        values["host_bandwidth_bytes_per_s"] = real * engine.ACCOUNTING_KV_BYTES_PER_TOKEN / latency.kv_bytes_per_token
     clock = ManualClock(0.0)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="continuum-emu-") as tmp, use_clock(clock):
         model_dir = engine.write_accounting_model(Path(tmp) / "model")
-        admission_log = Path(tmp) / "admissions.jsonl"
-        os.environ.setdefault("SGLANG_CONTINUUM_ADMISSION_LOG_PATH", str(admission_log))
-        args, argv = engine.server_args_for(model_dir, max_total_tokens, flags, extra_flags)
-        scheduler = engine.build_scheduler(args)
-        host = engine.count_host_transfers(scheduler) if hicache else None
-        if host is not None and engine.host_pool_bytes_per_token(scheduler) != engine.ACCOUNTING_KV_BYTES_PER_TOKEN:
-            raise RuntimeError(
-                f"the accounting model has {engine.host_pool_bytes_per_token(scheduler)} host KV bytes per token; update the bandwidth scaling"
+        event_log = Path(values.setdefault("event_log", str(Path(tmp) / "events.jsonl")))
+        with use_settings(ContinuumSettings(**values)):
+            args, argv = engine.server_args_for(model_dir, max_total_tokens, flags, extra_flags)
+            scheduler = engine.build_scheduler(args)
+            host = engine.count_host_transfers(scheduler) if hicache else None
+            if host is not None and engine.host_pool_bytes_per_token(scheduler) != engine.ACCOUNTING_KV_BYTES_PER_TOKEN:
+                raise RuntimeError(
+                    f"the accounting model has {engine.host_pool_bytes_per_token(scheduler)} host KV bytes per token; update the bandwidth scaling"
+                )
+            build_s = time.perf_counter() - t0
+            from prometheus_client import REGISTRY, generate_latest
+
+            metrics_at: dict[str, str] = {}
+
+            def on_mark(seconds: float) -> None:  # what a /metrics scrape at that time would read
+                metrics_at[f"{seconds:g}"] = generate_latest(REGISTRY).decode()
+
+            bar = None
+            if progress:
+                from tqdm import tqdm
+
+                bar = tqdm(
+                    total=sum(len(p.turns) for p in programs), desc=f"{policy} s{seed}", unit="turn", mininterval=5
+                )
+            driver = ClosedLoopDriver(
+                scheduler,
+                latency,
+                clock,
+                seed=seed,
+                vocab=vocab,
+                close_sessions=policy.partition("+")[0] == "session",
+                send_program_id=not no_ids,
+                on_turn=(lambda t: bar.update(1)) if bar is not None else None,
+                host=host,
+                marks=marks,
+                on_mark=on_mark,
             )
-        build_s = time.perf_counter() - t0
-        from prometheus_client import REGISTRY, generate_latest
-
-        metrics_at: dict[str, str] = {}
-
-        def on_mark(seconds: float) -> None:  # what a /metrics scrape at that time would read
-            metrics_at[f"{seconds:g}"] = generate_latest(REGISTRY).decode()
-
-        bar = None
-        if progress:
-            from tqdm import tqdm
-
-            bar = tqdm(total=sum(len(p.turns) for p in programs), desc=f"{policy} s{seed}", unit="turn", mininterval=5)
-        driver = ClosedLoopDriver(
-            scheduler,
-            latency,
-            clock,
-            seed=seed,
-            vocab=vocab,
-            close_sessions=policy.partition("+")[0] == "session",
-            send_program_id=not no_ids,
-            on_turn=(lambda t: bar.update(1)) if bar is not None else None,
-            host=host,
-            marks=marks,
-            on_mark=on_mark,
-        )
-        result = driver.run(programs, jps)
-        if bar is not None:
-            bar.close()
-        pool = engine.pool_accounting(scheduler)
-        log = getattr(scheduler.tree_cache, "admission_log", None)
-        if log is not None:
-            log.flush()
-        admissions = summarize_admissions(read_admission_log(admission_log))
+            result = driver.run(programs, jps)
+            if bar is not None:
+                bar.close()
+            pool = engine.pool_accounting(scheduler)
+            log = getattr(scheduler.tree_cache, "event_log", None)
+            if log is not None:
+                log.flush()
+        admissions = summarize_admissions(read_admission_log(event_log))
     return {
         "policy": policy,
         "seed": seed,

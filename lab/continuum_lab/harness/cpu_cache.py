@@ -83,7 +83,7 @@ class TurnDriver:
         cached = m.device_prefix_len
         lock = c.lock(m.last_device_node)
         if continuum:
-            c.admit_turn(tag, len(tokens), device_prefix=cached)
+            c.admit_turn(tag, len(tokens), cached=cached)
         new = self.alloc(len(tokens) - cached)
         if new is None:
             c.unlock(lock)

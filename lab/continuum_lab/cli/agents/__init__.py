@@ -22,7 +22,7 @@ is literally stock (no ``extra_body`` at all). ``--identity ids,plain`` runs bot
 fresh server when the CLI starts them, and reports them side by side: requests per identity source
 (``/metrics`` deltas), later turns with cached tokens, pins made and hit, and, for a plain run on a
 server started here, the attribution's precision and recall against the task each request belonged
-to (the server's ``attribution_log``; each request's SGLang ``rid`` is the ``id`` of its response,
+to (the server's ``event_log``; each request's SGLang ``rid`` is the ``id`` of its response,
 so the client knows it without sending anything; scored by ``bench/attribution.py``).
 
 With ``--grammar`` (the default; needed for the embedded random model) decoding is forced by an

@@ -50,7 +50,7 @@ def run_fleet(
     attribution_log: Optional[Path] = None,
 ) -> dict:
     """Every task (x ``--repeat``) through ``url``; metrics from ``metrics_urls`` (default ``url``).
-    ``plain``: stock mini-swe-agent, no program metadata; ``attribution_log``: the server's log
+    ``plain``: stock mini-swe-agent, no program metadata; ``event_log``: the server's log
     of where it attributed each request with no id (scored when given)."""
     metrics_urls = metrics_urls or [url]
     before = _scrape(metrics_urls)
@@ -161,7 +161,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 if plain and policy.startswith("continuum") and args.workers == 1:
                     attribution = args.out / f"attribution-{name}.jsonl"
                     attribution.unlink(missing_ok=True)
-                    env["SGLANG_CONTINUUM_ATTRIBUTION_LOG"] = str(attribution.resolve())
+                    env["SGLANG_CONTINUUM_EVENT_LOG"] = str(attribution.resolve())
             if args.workers > 1:
                 logs = args.out / f"fleet-{name}" if args.out is not None else None
                 if logs is not None:

@@ -12,7 +12,7 @@ from continuum_lab.cli.agents.tasks import IDENTITY_SERIES, PIN_SERIES, TTL_SERI
 
 
 def score_attribution(results: list[TaskResult], log_path: Path) -> dict:
-    """The server's attribution (``attribution_log``, keyed by ``rid``) against the truth the
+    """The server's attribution (``event_log``, keyed by ``rid``) against the truth the
     client knows: which task each request belonged to, in order. Scored by ``bench/attribution.py``
     (the same scorer as ``continuum-bench --no-ids``) after renaming each logged rid to
     ``<program>#<turn>``."""
@@ -144,7 +144,7 @@ def identity_section(runs: list[dict]) -> list[str]:
     if any("attribution" in r["summary"] for r in runs):
         lines += [
             "",
-            "Attribution (plain runs on a server started here, `SGLANG_CONTINUUM_ATTRIBUTION_LOG`): each request's "
+            "Attribution (plain runs on a server started here, `SGLANG_CONTINUUM_EVENT_LOG`): each request's "
             "SGLang `rid` is its response's `id`, so the client knows which task and turn it was; recall = turns "
             "after a task's first attributed to the program its previous turn was attributed to; precision = of "
             "the requests the server attributed to an earlier program, those it got right (`bench/attribution.py`).",

@@ -11,11 +11,11 @@ import httpx
 
 from continuum_lab.cli.reliability.common import (
     SHORT_ENV,
+    SHORT_IDLE_S,
     TOOLS,
     Ctx,
     ProbeResult,
     apost,
-    env_float,
     finish,
     gen_body,
     limits,
@@ -110,7 +110,7 @@ def probe_abort_storm(ctx: Ctx) -> ProbeResult:
             rnd(quantile(lat, 0.5), 3),
             rnd(quantile(lat, 0.99), 3),
         )
-        idle = env_float(srv, "PROGRAM_IDLE_TIMEOUT_S", 900)
+        idle = SHORT_IDLE_S
         right_after = state(srv)
         res.details["right_after_storm"] = right_after
         finish(res, srv, drain_s=idle + 20, tracked=idle <= 120)

@@ -14,11 +14,11 @@ import httpx
 from continuum_lab.cli.reliability.common import (
     SHORT_ENV,
     Ctx,
+    E,
     ProbeResult,
     Reply,
     alive,
     apost,
-    env_float,
     finish,
     log_text,
     quantile,
@@ -155,5 +155,5 @@ def probe_bad_metadata(ctx: Ctx) -> ProbeResult:
             f"{res.details['raw_nul_in_log']}; repeated malformed metadata logged {len(repeat_lines)}x for "
             f"{repeat} requests"
         )
-        finish(res, srv, drain_s=15 + env_float(srv, "MAX_TTL_S", 30))
+        finish(res, srv, drain_s=15 + float(srv.env.get(E + "MAX_TTL_S", 30)))
     return res

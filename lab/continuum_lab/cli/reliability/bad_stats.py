@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Optional
 
 from continuum_lab.cli.reliability.common import (
-    SHORT_ENV,
+    SHORT_IDLE_S,
     Ctx,
     E,
     ProbeResult,
@@ -20,6 +20,7 @@ from continuum_lab.cli.reliability.common import (
     log_tail,
     log_text,
     rnd,
+    short_lifetimes,
 )
 from continuum_lab.cli.reliability.sigkill_restart import _traffic, read_stats_file, sigterm
 
@@ -34,7 +35,7 @@ def _bad_stats_case(
     runtime_dir: bool = False,
     sigterm_check: bool = False,
 ) -> dict:
-    env = {**SHORT_ENV, E + "STATS_PATH": str(path), E + "STATS_SAVE_INTERVAL_S": str(interval)}
+    env = {**short_lifetimes(idle_timeout_s=SHORT_IDLE_S, stats_save_interval_s=interval), E + "STATS_PATH": str(path)}
     srv = ctx.new_server(f"bad_stats-{len(name)}-{zlib.crc32(name.encode()):08x}", env=env)
     row: dict = {"case": name, "path": str(path), "log": str(srv.log_path), "problems": [], "sent": 0, "failed": 0}
     t0 = time.monotonic()

@@ -20,16 +20,21 @@ from continuum_lab.harness.server import SGLangServer, parse_metrics
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 
 E = "SGLANG_CONTINUUM_"
-#: Short lifetimes so that "back to empty" is reachable within a bounded wait. The settings require
-#: program_idle_timeout_s > max_ttl_s + max_wait_hold_s + max_host_ttl_s.
-SHORT_ENV = {
-    E + "TTL_MODEL": "fixed",
-    E + "FIXED_TTL_S": "5",
-    E + "MAX_TTL_S": "5",
-    E + "MAX_WAIT_HOLD_S": "2",
-    E + "MAX_HOST_TTL_S": "5",
-    E + "PROGRAM_IDLE_TIMEOUT_S": "20",
-}
+
+
+def short_lifetimes(ttl_s: float = 5, idle_timeout_s: float = 20, stats_save_interval_s: float = 30) -> dict[str, str]:
+    """A continuum server's environment with a fixed TTL and short lifetimes (the lab's
+    ``fixed_ttl`` rules), so that "back to empty" is reachable within a bounded wait. The rules
+    require idle_timeout_s > ttl_s + 2 + 5 (the wait hold and the host TTL cap)."""
+    rules = (
+        f"continuum_lab.bench.variants:fixed_ttl(seconds={ttl_s!r}, program_idle_timeout_s={idle_timeout_s!r}, "
+        f"max_wait_hold_s=2, max_host_ttl_s=5, stats_save_interval_s={stats_save_interval_s!r})"
+    )
+    return {E + "RULES": rules, E + "MAX_TTL_S": repr(ttl_s)}
+
+
+SHORT_IDLE_S = 20.0
+SHORT_ENV = short_lifetimes(idle_timeout_s=SHORT_IDLE_S)
 TOOLS = ("bash", "grep", "python", "sed", "pytest")
 
 
@@ -136,13 +141,6 @@ class Ctx:
             yield srv
         finally:
             srv.stop()
-
-
-def env_float(srv: SGLangServer, name: str, default: float) -> float:
-    try:
-        return float(srv.env.get(E + name, default))
-    except ValueError:
-        return default
 
 
 def alive(srv: SGLangServer) -> bool:

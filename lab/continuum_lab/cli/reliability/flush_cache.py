@@ -9,9 +9,7 @@ from typing import Optional
 import httpx
 
 from continuum_lab.cli.reliability.common import (
-    SHORT_ENV,
     Ctx,
-    E,
     ProbeResult,
     alive,
     continuum_gauges,
@@ -21,6 +19,7 @@ from continuum_lab.cli.reliability.common import (
     quantile,
     rand_ids,
     rnd,
+    short_lifetimes,
     state,
 )
 
@@ -45,14 +44,7 @@ def pin_balance(now: dict, before: dict, live: Optional[float]) -> dict:
 def probe_flush_cache(ctx: Ctx) -> ProbeResult:
     res = ProbeResult("flush_cache")
     k = ctx.sizes.flush_programs
-    env = {
-        **SHORT_ENV,
-        E + "FIXED_TTL_S": "60",
-        E + "MAX_TTL_S": "60",
-        E + "MAX_WAIT_HOLD_S": "2",
-        E + "MAX_HOST_TTL_S": "5",
-        E + "PROGRAM_IDLE_TIMEOUT_S": "90",
-    }
+    env = short_lifetimes(ttl_s=60, idle_timeout_s=90)
     rng = random.Random(ctx.sizes.seed + 3)
     with ctx.server("flush_cache", env=env) as srv:
         prompts = {f"flush-{i}": rand_ids(rng, 120 + 10 * i, ctx.vocab) for i in range(k)}

@@ -9,10 +9,8 @@ import time
 import httpx
 
 from continuum_lab.cli.reliability.common import (
-    SHORT_ENV,
     TOOLS,
     Ctx,
-    E,
     ProbeResult,
     apost,
     continuum_gauges,
@@ -23,6 +21,7 @@ from continuum_lab.cli.reliability.common import (
     quantile,
     rand_ids,
     rnd,
+    short_lifetimes,
 )
 from continuum_lab.harness.server import SGLangServer
 
@@ -130,7 +129,7 @@ def _many(ctx: Ctx, srv: SGLangServer, n: int) -> dict:
 def probe_many_programs(ctx: Ctx) -> ProbeResult:
     res = ProbeResult("many_programs")
     n = ctx.sizes.programs
-    env = {**SHORT_ENV, E + "PROGRAM_IDLE_TIMEOUT_S": str(ctx.sizes.idle_timeout)}
+    env = short_lifetimes(idle_timeout_s=ctx.sizes.idle_timeout)
     runs = {}
     for policy in ("fcfs", "continuum"):
         with ctx.server(f"many_programs-{policy}", policy=policy, env=env, share=False) as srv:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 
+from continuum_lab.bench.events import read_admission_log, summarize_admissions
 from continuum_lab.cli.reliability.common import (
     TOOLS,
     Ctx,
@@ -28,7 +29,6 @@ from continuum_lab.cli.reliability.common import (
     rnd,
 )
 from continuum_lab.harness.server import SGLangServer
-from sglang_continuum.core.admission_log import read_admission_log, summarize_admissions
 
 
 def pressure_programs(ctx: Ctx, seed: int) -> list[dict]:
@@ -136,9 +136,9 @@ def _one_seed(ctx: Ctx, seed: int, admission_log: Path) -> tuple[ProbeResult, di
     runs = {}
     admission_log.unlink(missing_ok=True)
     for policy in ("fcfs", "continuum"):
-        env = {E + "PROGRAM_IDLE_TIMEOUT_S": "400"}  # the default TTL model and bounds otherwise
+        env = {}  # the product's default
         if policy == "continuum":  # per-request records, and the variant asked for (--pressure-env)
-            env |= {E + "ADMISSION_LOG_PATH": str(admission_log)}
+            env |= {E + "EVENT_LOG": str(admission_log)}
             env |= dict(kv.split("=", 1) for kv in getattr(ctx.sizes, "pressure_env", None) or [])
         with ctx.server(f"pressure-{policy}-s{seed}", policy=policy, env=env, share=False) as srv:
             runs[policy] = _pressure_run(ctx, srv, programs, seed)

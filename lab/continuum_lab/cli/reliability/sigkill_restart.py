@@ -15,7 +15,7 @@ from typing import Optional
 import httpx
 
 from continuum_lab.cli.reliability.common import (
-    SHORT_ENV,
+    SHORT_IDLE_S,
     TOOLS,
     Ctx,
     E,
@@ -23,7 +23,6 @@ from continuum_lab.cli.reliability.common import (
     alive,
     apost,
     drain,
-    env_float,
     gen_body,
     healthy,
     log_tail,
@@ -32,6 +31,7 @@ from continuum_lab.cli.reliability.common import (
     quantile,
     rand_ids,
     rnd,
+    short_lifetimes,
 )
 from continuum_lab.harness.server import SGLangServer
 
@@ -168,13 +168,16 @@ def probe_sigkill_restart(ctx: Ctx) -> ProbeResult:
     stats: dict = {"sent": 0, "failed": 0, "killed": 0, "lat": [], "errors": []}
     for cycle in range(cycles + 1):
         last = cycle == cycles
-        interval = "3600" if last else "1"
-        env = {**SHORT_ENV, E + "STATS_PATH": str(path), E + "STATS_SAVE_INTERVAL_S": interval}
-        row: dict = {"cycle": cycle, "save_interval_s": float(interval)}
+        interval = 3600.0 if last else 1.0
+        env = {
+            **short_lifetimes(idle_timeout_s=SHORT_IDLE_S, stats_save_interval_s=interval),
+            E + "STATS_PATH": str(path),
+        }
+        row: dict = {"cycle": cycle, "save_interval_s": interval}
         per_cycle.append(row)
         if cycle == 0 and first is not None:
             srv, ctx.shared = first, None
-            row["save_interval_s"] = env_float(srv, "STATS_SAVE_INTERVAL_S", 30)
+            row["save_interval_s"] = None  # the shared server's
         else:
             srv = ctx.new_server(f"sigkill_restart-{cycle}", env=env)
         try:
