@@ -1,29 +1,31 @@
 """Per-scheduler glue between SGLang's ``Scheduler`` and the Continuum cache and policy.
 
 Installed once, when a scheduler built with ``--schedule-policy continuum`` initialises its
-schedule policy. It wraps methods *of that scheduler instance* (other policies and other
-processes are untouched):
+schedule policy. ``SchedulerBinding`` wraps methods *of that scheduler instance* (other policies
+and other processes are untouched), one method per hook:
 
-* ``_add_request_to_queue``: tags each arriving turn (records tool return times) and marks the
-  queue order stale.
+* ``_add_request_to_queue``: a request SGLang appended to its waiting queue entered the lifecycle
+  (``lifecycle.py``): a turn arrived (tool return times recorded), or a retracted one is back.
 * ``get_next_batch_to_run``: first a Continuum step (clock, expiry, offload; memory given back
-  re-opens admission), then SGLang's own batch selection, then pin consumption for the turns
-  that batch admitted.
-* ``get_prefill_adder_class``: SGLang's ``PrefillAdder`` with two additions -- program-level
-  admission control (a new program's first turn is skipped while the working sets of programs
-  in flight, and of the turns this selection already took, fill the pool, unless the engine
-  would idle) and a record of the first turn the budget refused (``NO_TOKEN``).
-* ``get_new_batch_prefill``: when SGLang's own admission refused a turn for memory, pins of
-  programs ranked after it are shed (latest first) and admission is retried in the same step;
-  any pin may be shed when the engine would otherwise idle. A pin therefore never keeps a
-  higher-ranked turn out, and never wedges admission.
-* ``on_idle``: with ``check_integrity`` set, every invariant is checked while idle. With
-  ``--sleep-on-idle`` SGLang parks an idle loop in a zmq poll of up to 1 s (``IdleSleeper``); the
-  hooks still run at least once a second (pins expire, statistics are shared, metrics flushed).
+  re-opens admission), then SGLang's own batch selection.
+* ``get_prefill_adder_class``: SGLang's ``PrefillAdder`` with program-level admission control (a
+  new program's first turn is skipped while the working sets of programs in flight, and of the
+  turns this selection already took, fill the pool, unless the engine would idle; behind an overdue
+  first turn so held, later first turns wait too) and a record of the first turn the budget
+  refused (``NO_TOKEN``).
+* ``get_new_batch_prefill``: the turns a selection admitted consume their pins at once; when
+  SGLang's admission refused a turn for memory, pins of programs ranked after it are shed (latest
+  first) and admission is retried in the same step; any pin may be shed when the engine would
+  otherwise idle. A pin therefore never keeps a higher-ranked turn out, and never wedges
+  admission.
+* ``on_idle``: requests SGLang let go unseen are ended; with ``check_integrity`` set, every
+  invariant is checked while idle. With ``--sleep-on-idle`` SGLang parks an idle loop in a zmq poll
+  of up to 1 s; the hooks still run at least once a second.
 
 Tensor parallelism: every rank runs this same loop over the same requests, so decisions agree as
-long as the clock does. With tp_size > 1 the step time is the minimum of the ranks' clocks
-(one all-reduce on the CPU group per step), and every decision of that step reads that value.
+long as the clock does. With tp_size > 1 the step time is the minimum of the ranks' clocks (one
+all-reduce on the CPU group per step), and every decision of that step reads that value. Modes
+that break these assumptions are refused at start-up (``modes.py``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS, AddReqResult, PrefillAdder
 
+from sglang_continuum.adapter.modes import check_supported
 from sglang_continuum.adapter.radix_cache import ContinuumRadixCache
 from sglang_continuum.adapter.request import get_tag
 from sglang_continuum.adapter.schedule_policy import ContinuumSchedulePolicy
@@ -71,8 +74,9 @@ def _consensus_now(scheduler: "Scheduler", cache: ContinuumRadixCache) -> Callab
 
 
 class Admission:
-    """What one prefill selection learned: the first turn SGLang's budget refused, and by how
-    many tokens (the adder's own arithmetic)."""
+    """What one prefill selection learned and decided: the first turn SGLang's budget refused, and
+    by how many tokens (the adder's own arithmetic); the programs whose turns it took; whether an
+    overdue first turn is held at the door (then later first turns wait behind it)."""
 
     def __init__(self, scheduler: "Scheduler", cache: ContinuumRadixCache) -> None:
         self.scheduler = scheduler
@@ -80,10 +84,14 @@ class Admission:
         self.blocked = None
         self.shortfall = 0
         self.candidate: Optional[int] = None  # the shortfall SGLang's selection just refused
+        self.taken: set[str] = set()  # programs with a turn this selection took
+        self.door_closed = False
         self._classes: dict[type, type] = {}
 
     def reset(self) -> None:
         self.blocked, self.shortfall, self.candidate = None, 0, None
+        self.taken.clear()
+        self.door_closed = False
 
     def adder_class(self, base: type[PrefillAdder]) -> type[PrefillAdder]:
         cls = self._classes.get(base)
@@ -105,9 +113,10 @@ class Admission:
                 admission.candidate = None
                 taken = len(self.can_run_list)
                 result = super().add_one_req(req, has_chunked_req, truncation_align_size)
-                if len(self.can_run_list) > taken:  # committed (the result speaks of the next candidate)
-                    self.continuum_pending_tokens += admission.reservation(req)
-                if result is AddReqResult.NO_TOKEN and admission.blocked is None:
+                committed = len(self.can_run_list) > taken  # then the result speaks of the next candidate
+                if committed:
+                    self.continuum_pending_tokens += admission.took(req)
+                elif result is AddReqResult.NO_TOKEN and admission.blocked is None:
                     admission.blocked = req
                     if admission.candidate is not None:  # measured while SGLang held the prefix lock
                         admission.shortfall = admission.candidate
@@ -139,156 +148,188 @@ class Admission:
         if tag is None or not tag.meta.has_program:
             return False
         idle = adder.running_batch.is_empty() and not adder.can_run_list and self.scheduler.chunked_req is None
-        cache = self.cache
-        return cache.controller.holds_back(
+        controller = self.cache.controller
+        held = controller.holds_back(
             tag,
             len(req.origin_input_ids),
-            cache.token_to_kv_pool_allocator.size,
+            self.cache.token_to_kv_pool_allocator.size,
             idle=idle,
             pending_tokens=adder.continuum_pending_tokens,
+            behind_overdue=self.door_closed,
         )
+        if held and not self.door_closed and controller.is_overdue(tag):
+            self.door_closed = True  # the room that opens is this turn's first: bounded waiting at the door
+        return held
 
-    def reservation(self, req) -> int:
-        """What ``req``, just taken into the selection, will reserve in the working set."""
+    def took(self, req) -> int:
+        """``req`` was taken into the selection: what it will reserve in the working set."""
         tag = get_tag(req)
         if tag is None:
             return 0
+        if tag.meta.program_id is not None:
+            self.taken.add(tag.meta.program_id)
         return self.cache.controller.admission_reservation(tag, len(req.origin_input_ids))
 
 
-def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
-    if scheduler.enable_priority_scheduling:
-        # SGLang's priority path re-sorts the waiting queue by (priority, arrival) inside the
-        # policy's calc_priority, under the incrementally kept program order
-        raise RuntimeError(
-            "--schedule-policy continuum does not support --enable-priority-scheduling: Continuum orders "
-            "the waiting queue itself (pinned turns, then program arrival). Drop the flag, or use another policy."
+class SchedulerBinding:
+    def __init__(self, scheduler: "Scheduler") -> None:
+        check_supported(scheduler.server_args, hybrid_ssm=bool(getattr(scheduler, "is_hybrid_ssm", False)))
+        cache = scheduler.tree_cache
+        if not isinstance(cache, ContinuumRadixCache):
+            raise RuntimeError(
+                "--schedule-policy continuum is selected but the tree cache is "
+                f"{type(cache).__name__}, not ContinuumRadixCache. Continuum needs SGLang's default "
+                "unified radix cache (it is not compatible with --disable-radix-cache, "
+                "--radix-cache-backend, LMCache, FlexKV or pure-SWA models)."
+            )
+        self.scheduler = scheduler
+        self.cache = cache
+        self.controller = cache.controller
+        self.policy = ContinuumSchedulePolicy(
+            cache,
+            scheduler.enable_hierarchical_cache,
+            scheduler.enable_priority_scheduling,
+            scheduler.schedule_low_priority_values_first,
         )
-    cache = scheduler.tree_cache
-    if not isinstance(cache, ContinuumRadixCache):
-        raise RuntimeError(
-            "--schedule-policy continuum is selected but the tree cache is "
-            f"{type(cache).__name__}, not ContinuumRadixCache. Continuum needs SGLang's default "
-            "unified radix cache (it is not compatible with --disable-radix-cache, "
-            "--radix-cache-backend, LMCache, FlexKV or pure-SWA models)."
+        self.now = _consensus_now(scheduler, cache)
+        self.admission = Admission(scheduler, cache)
+        self._waiting_programs: Optional[set[str]] = None
+        self._next_check = 0.0
+        cache.identify_tool = make_identifier(
+            getattr(scheduler, "tokenizer", None), getattr(scheduler.server_args, "tool_call_parser", None)
         )
-    policy = ContinuumSchedulePolicy(
-        cache,
-        scheduler.enable_hierarchical_cache,
-        scheduler.enable_priority_scheduling,
-        scheduler.schedule_low_priority_values_first,
-    )
-    controller = cache.controller
-    now = _consensus_now(scheduler, cache)
-    cache.identify_tool = make_identifier(
-        getattr(scheduler, "tokenizer", None), getattr(scheduler.server_args, "tool_call_parser", None)
-    )
-    admission = Admission(scheduler, cache)
-    waiting_programs: Optional[set] = None
+        cache.program_waiting = self.program_waiting
+        self._sglang = {
+            name: getattr(scheduler, name)
+            for name in (
+                "_add_request_to_queue",
+                "get_next_batch_to_run",
+                "get_new_batch_prefill",
+                "get_prefill_adder_class",
+                "on_idle",
+            )
+        }
+        for name in self._sglang:
+            setattr(scheduler, name, getattr(self, name))
 
-    def program_waiting(pid: str) -> bool:
-        nonlocal waiting_programs
-        if waiting_programs is None:  # built at most once per step, and only if a pin expires
-            waiting_programs = set()
-            for req in scheduler.waiting_queue:
-                tag = get_tag(req)
-                if tag is not None and tag.meta.program_id is not None:
-                    waiting_programs.add(tag.meta.program_id)
-        return pid in waiting_programs
+    # -- state the hooks share -------------------------------------------------------------
+    def program_waiting(self, pid: str) -> bool:
+        """Whether ``pid`` has a turn waiting, or taken by the selection under way (its pin is a
+        certain hit: shedding it frees nothing its own turn does not hold)."""
+        if pid in self.admission.taken:
+            return True
+        if self._waiting_programs is None:  # built at most once per step, and only if asked
+            self._waiting_programs = {
+                tag.meta.program_id
+                for tag in map(get_tag, self.scheduler.waiting_queue)
+                if tag is not None and tag.meta.program_id is not None
+            }
+        return pid in self._waiting_programs
 
-    cache.program_waiting = program_waiting
-    add_request = scheduler._add_request_to_queue
-    next_batch = scheduler.get_next_batch_to_run
-    new_prefill = scheduler.get_new_batch_prefill
-    adder_class = scheduler.get_prefill_adder_class
-    on_idle = scheduler.on_idle
+    def live_rids(self) -> set[str]:
+        """The requests SGLang holds: waiting, running, being prefilled in chunks, or in the last
+        prefill batch (merged into the running batch at the next step); not yet finished."""
+        s = self.scheduler
+        reqs = [*s.waiting_queue, *s.running_batch.reqs]
+        for batch in (getattr(s, "last_batch", None), getattr(s, "cur_batch", None)):
+            if batch is not None:
+                reqs += batch.reqs
+        if s.chunked_req is not None:
+            reqs.append(s.chunked_req)
+        return {r.rid for r in reqs if not r.finished()}  # a finished one left: SGLang filters it next step
 
-    def _add_request_to_queue(req, is_retracted: bool = False):
-        if not scheduler.waiting_queue and scheduler.running_batch.is_empty():
+    # -- the hooks ----------------------------------------------------------------------------
+    def _add_request_to_queue(self, req, is_retracted: bool = False):
+        s = self.scheduler
+        if not s.waiting_queue and s.running_batch.is_empty():
             # It reaches an idle scheduler: the step clock was last set before the loop went idle
             # (with --sleep-on-idle up to a poll ago), so refresh it, or the arrival, and the tool
             # time it measures, is stamped early. Every rank ingests the same requests in the same
             # order while equally idle, so the consensus read pairs up across ranks.
-            cache.step_clock.set(now())
-        add_request(req, is_retracted=is_retracted)
-        if not is_retracted and get_tag(req) is None:
-            cache.tag_request(req, waiting_ahead=len(scheduler.waiting_queue) - 1)
-        policy.requeued(req)
+            self.cache.step_clock.set(self.now())
+        result = self._sglang["_add_request_to_queue"](req, is_retracted=is_retracted)
+        if s.waiting_queue and s.waiting_queue[-1] is req:  # appended: not rejected at the door
+            self.cache.turn_entered(req, waiting_ahead=len(s.waiting_queue) - 1)
+            self.policy.requeued(req)
+        return result
 
-    def get_prefill_adder_class():
-        return admission.adder_class(adder_class())
+    def get_prefill_adder_class(self):
+        return self.admission.adder_class(self._sglang["get_prefill_adder_class"]())
 
-    def get_new_batch_prefill(running_batch):
+    def get_new_batch_prefill(self, running_batch):
+        new_prefill, cache, admission = self._sglang["get_new_batch_prefill"], self.cache, self.admission
         admission.reset()
-        plan = new_prefill(running_batch)
+        plan = self._admitted(new_prefill(running_batch))
         for _ in range(MAX_ADMISSION_RETRIES):
             blocked = admission.blocked
-            if blocked is None or not len(controller.pins):
+            if blocked is None or not len(self.controller.pins):
                 break
-            tag = get_tag(blocked)
             idle = plan.batch_to_run is None and plan.running_batch.is_empty()
             reason = "idle" if idle else "admission"
-            if not cache.shed_for(tag, tokens=admission.shortfall, reason=reason, program_waiting=program_waiting):
+            shed = cache.shed_for(
+                get_tag(blocked), tokens=admission.shortfall, reason=reason, program_waiting=self.program_waiting
+            )
+            if not shed:
                 break
             plan.running_batch.batch_is_full = False  # memory came back: admission is open again
             if plan.batch_to_run is not None:
                 break  # others were admitted this step; the blocked turn gets the memory next step
             admission.reset()
-            plan = new_prefill(plan.running_batch)
+            plan = self._admitted(new_prefill(plan.running_batch))
         return plan
 
-    def get_next_batch_to_run(running_batch, last_batch):
-        nonlocal waiting_programs
-        waiting_programs = None
-        if cache.step(now(), program_waiting):
+    def _admitted(self, plan):
+        """The turns the selection took hold their prefix now: they consume their pins before
+        anything is shed for a turn the same selection refused."""
+        if plan.batch_to_run is not None:
+            for req in plan.batch_to_run.reqs:
+                self.cache.on_admitted(req)
+        return plan
+
+    def get_next_batch_to_run(self, running_batch, last_batch):
+        self._waiting_programs = None
+        if self.cache.step(self.now(), self.program_waiting):
             # memory given back outside a request's exit: SGLang clears batch_is_full only
             # when a running request leaves, so re-open admission here
             running_batch.batch_is_full = False
-        plan = next_batch(running_batch=running_batch, last_batch=last_batch)
-        batch = plan.batch_to_run
-        if batch is not None and not batch.forward_mode.is_decode():
-            for req in batch.reqs:  # newly admitted turns hold their prefix now: consume pins
-                cache.on_admitted(req)
-        cache.publish_metrics(scheduler.waiting_queue)
+        plan = self._sglang["get_next_batch_to_run"](running_batch=running_batch, last_batch=last_batch)
+        self.cache.publish_metrics(self.scheduler.waiting_queue)
         return plan
 
-    next_check = 0.0
-
-    def _on_idle():
-        nonlocal next_check
+    def on_idle(self):
+        s, cache = self.scheduler, self.cache
         cache.exchange_stats(cache.step_clock.read_source())  # an idle worker still shares and learns
-        cache.publish_metrics(scheduler.waiting_queue, force=True)  # the last step's changes reach /metrics
+        cache.publish_metrics(s.waiting_queue, force=True)  # the last step's changes reach /metrics
         if cache.event_log is not None:
             cache.event_log.flush()
-        if cache.has_queued_turns() and not scheduler.waiting_queue and scheduler.is_fully_idle():
-            cache.forget_unqueued()
-        if (
-            cache.settings.check_integrity
-            and cache.step_clock.read_source() >= next_check
-            and scheduler.is_fully_idle()
-        ):
-            next_check = cache.step_clock.read_source() + 1.0  # the idle loop spins: once a second is plenty
-            cache.check_integrity()
-        return on_idle()
+        if len(cache.lifecycle) and not s.waiting_queue and s.is_fully_idle():
+            if cache.settings.check_integrity:
+                cache.lifecycle.check_integrity(set())  # a request SGLang let go unseen: report it
+            cache.forget_stale()
+        now = cache.step_clock.read_source()
+        if cache.settings.check_integrity and now >= self._next_check and s.is_fully_idle():
+            self._next_check = now + 1.0  # the idle loop spins: once a second is plenty
+            cache.check_integrity(self.live_rids())
+            assert not any(p.in_flight for p in self.controller.programs), "a program in flight on an idle server"
+        return self._sglang["on_idle"]()
 
-    scheduler._add_request_to_queue = _add_request_to_queue
-    scheduler.get_next_batch_to_run = get_next_batch_to_run
-    scheduler.get_new_batch_prefill = get_new_batch_prefill
-    scheduler.get_prefill_adder_class = get_prefill_adder_class
-    scheduler.on_idle = _on_idle
-    policy.admission = admission  # read by tests: the last selection's blocked turn
-    _save_stats_on_sigterm(cache)
+
+def install(scheduler: "Scheduler") -> ContinuumSchedulePolicy:
+    binding = SchedulerBinding(scheduler)
+    _save_stats_on_sigterm(binding.cache)
+    settings, controller = binding.cache.settings, binding.controller
     logger.info(
         "continuum: active (rules %s, ttl model %s, pin budget %d tokens, overdue after %d overtakes (down to %d "
         "as the pool thrashes), admission control %s)",
         controller.rules.name,
         controller.ttl_model.name,
         controller.pins.budget_tokens,
-        cache.settings.max_overtakes,
-        min(MIN_OVERTAKES, cache.settings.max_overtakes),
-        "on" if cache.settings.admission_control else "off",
+        settings.max_overtakes,
+        min(MIN_OVERTAKES, settings.max_overtakes),
+        "on" if settings.admission_control else "off",
     )
-    return policy
+    binding.policy.binding = binding  # read by tests: the last selection's admission record
+    return binding.policy
 
 
 def _save_stats_on_sigterm(cache: ContinuumRadixCache) -> None:

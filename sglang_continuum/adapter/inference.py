@@ -7,8 +7,9 @@ Only requests that carry no program id reach this code (a request with an explic
 pins, budget, shedding and ending rules as any program id. A request that continues nothing is
 served exactly as under FCFS (no program: no pin, no program order, no admission control) --
 single-shot traffic never pays for pins -- but its finished context is remembered under a
-*provisional* program id, so that its next turn, if one comes, makes it a program. An agent's
-first tool gap therefore goes unpinned; every later one is pinned like an explicit program's.
+*provisional* program id for ``PROVISIONAL_TTL_S``, so that its next turn, if one comes, makes it a
+program. An agent's first tool gap therefore goes unpinned; every later one is pinned like an
+explicit program's.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
 
 PROVISIONAL_ATTR = "_continuum_provisional"  # the provisional program id of a request with no program
+# how long a single request's context waits for a next turn to make it a program: longer than a
+# tool call takes, far shorter than single-shot traffic takes to fill the index
+PROVISIONAL_TTL_S = 300.0
 
 
 def is_inferred(meta: ProgramMeta) -> bool:
@@ -32,10 +36,14 @@ def is_inferred(meta: ProgramMeta) -> bool:
 
 
 class ProgramInference:
-    def __init__(self, alive: Callable[[str], bool], *, event_log: Optional[EventLog] = None) -> None:
+    def __init__(
+        self, alive: Callable[[str], bool], clock: Callable[[], float], *, event_log: Optional[EventLog] = None
+    ) -> None:
         self.index = ProgramIndex()
         self._registered = alive
-        self._provisional: OrderedDict[str, None] = OrderedDict()  # recorded, not (yet) a program; bounded
+        self._clock = clock
+        # recorded, not (yet) a program -> when; oldest first, bounded in time and number
+        self._provisional: OrderedDict[str, float] = OrderedDict()
         self._log = event_log
 
     def alive(self, program_id: str) -> bool:
@@ -45,6 +53,7 @@ class ProgramInference:
     def attribute(self, req: "Req") -> ProgramMeta:
         """The program ``req`` (no explicit id) continues; else no program (a provisional id is
         kept on the request for ``provisional_finished``)."""
+        self._expire()
         pid = self.index.match(req.origin_input_ids, self.alive)
         if pid is not None:
             self._provisional.pop(pid, None)  # it is a program now
@@ -65,9 +74,17 @@ class ProgramInference:
         if pid is None:
             return
         self._record(pid, req)
-        self._provisional[pid] = None
+        latest = next(reversed(self._provisional.values()), 0.0)
+        self._provisional[pid] = max(self._clock(), latest)  # kept in time order
         while len(self._provisional) > self.index.max_programs:
             self.index.forget(self._provisional.popitem(last=False)[0])
+        self._expire()
+
+    def _expire(self) -> None:
+        cutoff = self._clock() - PROVISIONAL_TTL_S
+        provisional = self._provisional
+        while provisional and next(iter(provisional.values())) < cutoff:
+            self.index.forget(provisional.popitem(last=False)[0])
 
     def turn_finished(self, meta: ProgramMeta, req: "Req") -> None:
         """A turn of an inferred program finished with its KV in the tree: if its program goes on
@@ -89,3 +106,5 @@ class ProgramInference:
     def check_integrity(self) -> None:
         self.index.check_integrity()
         assert len(self._provisional) <= self.index.max_programs, "provisional programs over the bound"
+        times = list(self._provisional.values())
+        assert all(a <= b for a, b in zip(times, times[1:])), "provisional records out of time order"

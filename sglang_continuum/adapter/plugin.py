@@ -8,8 +8,8 @@ policy when they run, so any other policy leaves SGLang exactly as it was:
 * ``Scheduler.init_schedule_policy`` (AROUND): installs ``ContinuumSchedulePolicy`` and the
   per-scheduler binding.
 * ``ServerArgs.resolve_once`` (AFTER): refuses to start if ``continuum`` was requested but the
-  hooks above are not active or the settings are invalid (e.g. a ``stats_path`` that cannot be
-  written). SGLang only logs plugin exceptions, so a half-loaded plugin would otherwise surface
+  hooks above are not active, the settings are invalid (an unknown key, a ``stats_path`` that
+  cannot be written), or a flag selects a mode the binding cannot serve (``modes.py``). SGLang only logs plugin exceptions, so a half-loaded plugin would otherwise surface
   as an obscure error later, or not at all. With a ``stats_path`` it also makes the launcher's
   shutdown stop the scheduler processes with SIGTERM (they save their statistics on it) before
   SGLang's ``kill_process_tree`` SIGKILLs them.
@@ -127,6 +127,9 @@ def _before_validate_request(manager, obj, input_ids, *args, **kwargs):
 
 def _after_resolve(result, server_args, *args, **kwargs):
     if _policy_of(server_args) == POLICY_NAME:
+        from sglang_continuum.adapter.modes import check_supported
+
+        check_supported(server_args)  # in the launcher: a clear refusal before any scheduler starts
         settings = check_active()
         if settings.stats_path and multiprocessing.parent_process() is None:
             _stop_schedulers_gracefully_at_shutdown()

@@ -29,6 +29,7 @@ from sglang.srt.server_args import ServerArgs
 
 from sglang_continuum.adapter.host_tier import HostTier
 from sglang_continuum.adapter.inference import ProgramInference, is_inferred
+from sglang_continuum.adapter.lifecycle import RequestLifecycle
 from sglang_continuum.adapter.metrics import ContinuumMetrics
 from sglang_continuum.adapter.request import context_tokens, get_tag, read_program_meta, set_tag
 from sglang_continuum.core.clock import Clock, StepClock, default_clock
@@ -45,7 +46,6 @@ from sglang_continuum.core.turns import StepPlan, TurnTag
 
 logger = logging.getLogger(__name__)
 
-ADMITTED_ATTR = "_continuum_admitted"
 METRICS_INTERVAL_S = 0.5  # queue-scanning gauges are recomputed at most this often
 
 # Identifies the tool a finished turn called: (req) -> tool name or None. Set by the binding.
@@ -64,9 +64,7 @@ class ContinuumRadixCache(UnifiedRadixCache):
         self.host_tier: Optional[HostTier] = None  # set by init_hicache
         # whether a program has a turn in the waiting queue (set by the binding; None: unknown)
         self.program_waiting: Optional[Callable[[str], bool]] = None
-        # program turns in the waiting queue, not admitted, by rid: an abort there reaches the
-        # cache only through finish(ABORT), never through on_release (bounded by the queue)
-        self._queued: dict[str, ProgramMeta] = {}
+        self.lifecycle = RequestLifecycle()  # SGLang's live requests that the plugin has seen
         super().__init__(params)
         self.settings = settings or ContinuumSettings.load()
         # SGLang builds this class as cache_class(params): the clock comes from the seam
@@ -97,7 +95,7 @@ class ContinuumRadixCache(UnifiedRadixCache):
             self.event_log = EventLog(self.settings.event_log)
         self.exchange: Optional[StatsExchange] = self._start_exchange(tp_size)
         self.inference: Optional[ProgramInference] = (
-            ProgramInference(self.controller.programs.__contains__, event_log=self.event_log)
+            ProgramInference(self.controller.programs.__contains__, self.step_clock, event_log=self.event_log)
             if self.settings.infer_programs
             else None
         )
@@ -161,69 +159,92 @@ class ContinuumRadixCache(UnifiedRadixCache):
             "on" if self.settings.offload_to_host else "off",
         )
 
-    # -- request lifecycle ---------------------------------------------------------------
-    def tag_request(self, req: Req, *, waiting_ahead: int = 0) -> TurnTag:
-        """A turn arrived (entered the waiting queue for the first time, behind ``waiting_ahead``
-        requests)."""
-        tag = get_tag(req)
-        if tag is None:
-            meta = read_program_meta(req, self.report_malformed)
-            if not meta.has_program and self.inference is not None:
-                meta = self.inference.attribute(req)
-            tag = self.controller.turn_arrived(meta, waiting_ahead=waiting_ahead)
-            set_tag(req, tag)
-        if tag.meta.has_program:
-            self._queued[req.rid] = tag.meta  # (again, after a retraction)
+    # -- request lifecycle (adapter/lifecycle.py) ---------------------------------------
+    def turn_entered(self, req: Req, *, waiting_ahead: int = 0) -> TurnTag:
+        """``req`` is in SGLang's waiting queue now, behind ``waiting_ahead`` requests: a turn
+        arrived, or a retracted one is back."""
+        live = self.lifecycle.get(req.rid)
+        if live is not None:
+            self.lifecycle.requeued(req.rid)
+            self.controller.turn_requeued(live.tag, waiting_ahead=waiting_ahead)
+            return live.tag
+        meta = read_program_meta(req, self.report_malformed)
+        if not meta.has_program and self.inference is not None:
+            meta = self.inference.attribute(req)
+        tag = self.controller.turn_arrived(meta, waiting_ahead=waiting_ahead)
+        set_tag(req, tag)
+        self.lifecycle.entered(req.rid, tag)
         return tag
+
+    def on_admitted(self, req: Req) -> None:
+        """``req`` was just taken into a prefill batch and holds its own lock on its prefix."""
+        live = self.lifecycle.admitted(req.rid)
+        if live is None:  # back after a retraction (admitted once already), or not ours
+            return
+        self.admit_turn(
+            live.tag,
+            len(req.origin_input_ids),
+            host_loaded=int(getattr(req, "host_loaded_length", 0) or 0),
+            cached=int(getattr(req, "prefix_len", 0) or 0),
+        )
+        if self.event_log is not None:
+            self.event_log.admitted(req.rid, self.step_clock(), self.controller.last_admission)
 
     def finish(self, handle: CacheRequestHandle, outcome: CacheRequestOutcome) -> None:
         super().finish(handle, outcome)
         if outcome is CacheRequestOutcome.ABORT:
-            meta = self._queued.pop(handle.rid, None)
-            if meta is not None:  # aborted while waiting (client gone, queue limit, /abort_request)
-                self.abort_turn(meta)
-
-    def has_queued_turns(self) -> bool:
-        return bool(self._queued)
-
-    def forget_unqueued(self) -> int:
-        """With the scheduler fully idle no turn waits: a turn still listed left the queue by a
-        path that told the cache nothing. End it as aborted, so its program does not stay in flight
-        (and tracked) for ever. Returns how many there were (0 unless SGLang grew such a path)."""
-        stale, self._queued = list(self._queued.values()), {}
-        for meta in stale:
-            logger.warning(
-                "continuum: program %r had a turn that left the queue unseen; ended as aborted", meta.program_id
-            )
-            self.abort_turn(meta)
-        return len(stale)
+            live = self.lifecycle.left(handle.rid)
+            if live is not None:  # aborted while waiting (client gone, /abort_request), or a chunked request
+                self.abort_turn(live.tag.meta, live.tag)
 
     def on_release(self, req: Req, *, checkpointed: bool) -> None:
         super().on_release(req, checkpointed=checkpointed)
-        tag = get_tag(req)
-        if self.controller is None or tag is None:
+        if self.controller is None:
             return
+        aborted = isinstance(req.finished_reason, FINISH_ABORT) or isinstance(
+            getattr(req, "to_finish", None), FINISH_ABORT
+        )
+        if not (req.finished() or aborted):  # retracted: it queues again; its pin must not hold memory meanwhile
+            live = self.lifecycle.get(req.rid)
+            if live is not None:
+                self._release(self.controller.turn_retracted(live.tag.meta))
+            return
+        live = self.lifecycle.left(req.rid)
+        if live is None:
+            return
+        tag = live.tag
+        done = checkpointed and not aborted
         if not tag.meta.has_program:
-            done = checkpointed and req.finished() and not isinstance(req.finished_reason, FINISH_ABORT)
             if done and self.inference is not None:
                 self.inference.provisional_finished(req)  # its next turn, if any, makes it a program
             return
-        if checkpointed and req.finished() and not isinstance(req.finished_reason, FINISH_ABORT):
+        if done:
             # decoding the output to find the tool is skipped when the client named it or no pin follows
             parse = not (tag.meta.tool_name or tag.meta.is_last_step)
-            self.finish_turn(tag.meta, req.last_node, context_tokens(req), self.identify_tool(req) if parse else None)
+            tool = self.identify_tool(req) if parse else None
+            self.finish_turn(tag.meta, req.last_node, context_tokens(req), tool, tag=tag)
             if self.inference is not None and is_inferred(tag.meta):
                 self.inference.turn_finished(tag.meta, req)
-        elif req.finished():  # aborted
-            self.abort_turn(tag.meta)
-        else:  # retracted: it will queue again; its pin (if any) must not hold memory meanwhile
-            self.controller.turn_requeued(tag)
-            self._release(self.controller.turn_retracted(tag.meta))
+        else:
+            self.abort_turn(tag.meta, tag)
 
-    def finish_turn(self, meta: ProgramMeta, node, tokens: int, tool: Optional[str]) -> Optional[Pin]:
+    def forget_stale(self) -> int:
+        """With the scheduler fully idle nothing is live: a request still recorded left SGLang by a
+        path that told the cache nothing. End it as aborted, so its program does not stay in flight
+        (and tracked) for ever. Returns how many there were (0 unless SGLang grew such a path)."""
+        stale = list(self.lifecycle)
+        for rid, live in stale:
+            self.lifecycle.left(rid)
+            logger.warning("continuum: request %s left SGLang unseen; ended as aborted", rid)
+            self.abort_turn(live.tag.meta, live.tag)
+        return len(stale)
+
+    def finish_turn(
+        self, meta: ProgramMeta, node, tokens: int, tool: Optional[str], *, tag: Optional[TurnTag] = None
+    ) -> Optional[Pin]:
         """A turn's context is in the tree at ``node`` (``tokens`` long): pin it or not."""
         handle = None if meta.is_last_step else self.lock(node)
-        outcome = self.controller.turn_finished(meta, context_tokens=tokens, tool=tool, handle=handle)
+        outcome = self.controller.turn_finished(meta, context_tokens=tokens, tool=tool, handle=handle, tag=tag)
         if outcome.pin is None and handle is not None:
             self.unlock(handle)
         if outcome.ttl is not None and self.metrics is not None:
@@ -232,24 +253,6 @@ class ContinuumRadixCache(UnifiedRadixCache):
             self._release([pin], offload=pin.program_id != meta.program_id)
         return outcome.pin
 
-    # -- called by the binding ----------------------------------------------------------
-    def on_admitted(self, req: Req) -> None:
-        """``req`` was just admitted into a prefill batch and holds its own lock on its prefix."""
-        self._queued.pop(req.rid, None)
-        if getattr(req, ADMITTED_ATTR, False):
-            return
-        setattr(req, ADMITTED_ATTR, True)
-        tag = get_tag(req)
-        if tag is not None:
-            self.admit_turn(
-                tag,
-                len(req.origin_input_ids),
-                host_loaded=int(getattr(req, "host_loaded_length", 0) or 0),
-                cached=int(getattr(req, "prefix_len", 0) or 0),
-            )
-            if self.event_log is not None:
-                self.event_log.admitted(req.rid, self.step_clock(), self.controller.last_admission)
-
     def admit_turn(self, tag: TurnTag, context_tokens: int, *, host_loaded: int = 0, cached: int = 0) -> None:
         """The turn holds its own lock on its prefix now: consume its program's pin (and host pin).
         ``cached`` is SGLang's ``prefix_len``, which by admission counts host-loaded tokens too."""
@@ -257,8 +260,8 @@ class ContinuumRadixCache(UnifiedRadixCache):
         if self.host_tier is not None:
             self._release(self.controller.host_returned(tag, host_loaded))
 
-    def abort_turn(self, meta: ProgramMeta) -> None:
-        self._release(self.controller.turn_aborted(meta))
+    def abort_turn(self, meta: ProgramMeta, tag: Optional[TurnTag] = None) -> None:
+        self._release(self.controller.turn_aborted(meta, tag))
 
     def end_program(self, program_id: str) -> None:
         self._release(self.controller.end_program(program_id))
@@ -340,10 +343,18 @@ class ContinuumRadixCache(UnifiedRadixCache):
             self.saver.flush(timeout_s=2.0)
             self.saver.save_now(self.controller.snapshot())
 
-    def check_integrity(self) -> None:
-        """The controller's invariants plus the engine facts behind them: every device pin's
-        prefix is resident and protected, every host pin's node is backed up on host."""
+    def check_integrity(self, sglang_live: Optional[set[str]] = None) -> None:
+        """The controller's invariants plus the engine facts behind them: the requests the plugin
+        holds live are SGLang's (``sglang_live``, when the caller knows them) and each program's
+        count of turns in flight is its live requests'; every device pin's prefix is resident and
+        protected, every host pin's node is backed up on host."""
         self.controller.check_integrity()
+        self.lifecycle.check_integrity(sglang_live)
+        live = self.lifecycle.programs_in_flight()
+        for state in self.controller.programs:
+            assert state.in_flight == live.get(id(state), 0), (
+                f"program {state.program_id}: {state.in_flight} turns in flight, {live.get(id(state), 0)} live"
+            )
         if self.inference is not None:
             self.inference.check_integrity()
         if self.exchange is not None:

@@ -5,7 +5,9 @@ A first turn waits while the pool cannot hold the working sets of the programs a
 pin) plus its own, each counted at least at the mean final context of the programs that ended:
 agent contexts grow, so a first turn is a fraction of what its program will need. An overdue first
 turn waits for room like any other (bounded waiting orders the queue; it does not open the door,
-and an open door is how the wave that thrashes the pool gets in). Later turns, continuations found
+and an open door is how the wave that thrashes the pool gets in), but it waits first: while an
+overdue first turn is held, the first turns behind it in the queue wait too, so that smaller new
+programs cannot take, one after another, the room it waits for. Later turns, continuations found
 by prefix and requests without a program id are never held, and the adapter never holds a turn
 when holding it would idle the engine.
 """
@@ -34,22 +36,31 @@ class AdmissionControl:
         self.return_loss.observe(min(previous_tokens, context_tokens), cached_tokens)
 
     def holds_back(
-        self, tag: TurnTag, request_tokens: int, capacity_tokens: int, *, idle: bool = False, pending_tokens: int = 0
+        self,
+        tag: TurnTag,
+        request_tokens: int,
+        capacity_tokens: int,
+        *,
+        idle: bool = False,
+        pending_tokens: int = 0,
+        behind_overdue: bool = False,
     ) -> bool:
         """Whether ``tag``'s turn waits; ``idle``: nothing else would run if it did;
         ``pending_tokens``: what turns admitted earlier in the same prefill selection reserve (the
         working set learns of them only once the batch is formed; without them every first turn of
-        a selection would see the same room, and a wave of new programs would pass together)."""
+        a selection would see the same room, and a wave of new programs would pass together);
+        ``behind_overdue``: an overdue first turn ahead of it in the queue is held."""
         if not self.enabled or idle or not tag.meta.has_program or tag.meta.source == SOURCE_INFERRED:
             return False
         state = self.programs.get(tag.meta.program_id)
         if state is None or state.turns_admitted > 0:
             return False
-        if self.programs.working_programs == 0 and pending_tokens == 0:
-            return False
-        demand = self.programs.reserved_tokens() + max(request_tokens, self.programs.expected_final_context)
-        if demand + pending_tokens <= capacity_tokens:
-            return False
+        if not behind_overdue:
+            if self.programs.working_programs == 0 and pending_tokens == 0:
+                return False
+            demand = self.programs.reserved_tokens() + max(request_tokens, self.programs.expected_final_context)
+            if demand + pending_tokens <= capacity_tokens:
+                return False
         if not tag.held_back:
             tag.held_back = True
             self.counters.held_back += 1

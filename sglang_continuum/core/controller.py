@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections import deque
 from typing import Callable, Optional
 
 from sglang_continuum.core.admission_control import AdmissionControl
@@ -45,6 +46,7 @@ from sglang_continuum.core.ttl import TTLModel, TTLQuery
 from sglang_continuum.core.turns import AdmissionRecord, FinishOutcome, StepPlan, TurnTag
 
 logger = logging.getLogger(__name__)
+SURVIVAL_WINDOW = 256  # pin outcomes (hit, or shed and its program came back) pin survival reads
 
 
 class ContinuumController:
@@ -78,6 +80,8 @@ class ContinuumController:
         # each tool sample recorded here is also handed to this (a StatsExchange's record)
         self.share_sample: Optional[Callable[[str, str, float], None]] = None
         self.last_admission: Optional[AdmissionRecord] = None  # the latest turn_admitted's record
+        self._pin_outcomes: deque[bool] = deque(maxlen=SURVIVAL_WINDOW)  # True: a hit
+        self._pin_hits = 0  # of them
         self.admission_control = AdmissionControl(settings.admission_control, self.programs, self.admission)
         self.bounded = BoundedWaiting(settings.max_overtakes, self.admission, self.admission_control.return_loss)
 
@@ -108,8 +112,9 @@ class ContinuumController:
         if state.pin_shed:  # its pin was shed and it came back: a hit the shed cost
             state.pin_shed = False
             self.sheds.returned += 1
+            self._pin_outcome(hit=False)
         miss = state.turns_arrived > 1 and meta.program_id not in self.pins
-        tag = TurnTag(meta, rank, state.arrival_rank, now, miss, turn=state.turns_arrived)
+        tag = TurnTag(meta, rank, state.arrival_rank, now, miss, turn=state.turns_arrived, program=state)
         self.bounded.enter(tag, now, waiting_ahead)
         return tag
 
@@ -154,7 +159,7 @@ class ContinuumController:
         pin = self.pins.pop(pid)
         if pin is not None:
             self.counters.hits += 1
-            self._update_survival()
+            self._pin_outcome(hit=True)
             logger.debug("continuum: pin hit program=%s tokens=%d", pid, pin.tokens)
         return pin
 
@@ -165,21 +170,24 @@ class ContinuumController:
         context_tokens: int,
         tool: Optional[str] = None,
         handle: object = None,
+        tag: Optional[TurnTag] = None,
     ) -> FinishOutcome:
         """A turn finished and its KV is in the cache. ``handle`` is the engine lock the pin
-        would own; if no pin is made the caller releases it (``out.pin`` is None)."""
+        would own; if no pin is made the caller releases it (``out.pin`` is None). ``tag``: the
+        turn's own (the adapter passes it): a turn whose program ended since it arrived touches
+        nothing of the program seen under that id now."""
         out = FinishOutcome()
         if not meta.has_program:
             return out
         pid = meta.program_id
+        if not self._current(meta, tag):
+            logger.debug("continuum: straggler turn of ended program=%s; no pin", pid)
+            return out
         now = self.clock()
         identified = meta.tool_name or tool
         tool = identified or UNKNOWN_TOOL
         state = self.programs.turn_finished(pid, now, tool, context_tokens)
         out.release.extend(self._drop_pins(pid))  # a concurrent turn of the same program had pinned
-        if state is None:
-            logger.debug("continuum: straggler turn of ended program=%s; no pin", pid)
-            return out
         if meta.is_last_step or tool in self._terminal_tools:
             if meta.step is not None:
                 affine = state.first_step == 1 and state.turns_arrived >= meta.step
@@ -220,9 +228,10 @@ class ContinuumController:
             self._count_shed(victim, "budget")
         out.release.extend(released)
 
-    def turn_aborted(self, meta: ProgramMeta) -> list[Pin]:
-        """Abort: forget the pending tool call and drop the program's pins."""
-        if not meta.has_program:
+    def turn_aborted(self, meta: ProgramMeta, tag: Optional[TurnTag] = None) -> list[Pin]:
+        """Abort: forget the pending tool call and drop the program's pins (``tag``: as for
+        ``turn_finished``)."""
+        if not meta.has_program or not self._current(meta, tag):
             return []
         self.programs.turn_aborted(meta.program_id, self.clock())
         return self._drop_pins(meta.program_id)
@@ -299,15 +308,21 @@ class ContinuumController:
             self.sheds.while_waiting += 1
             self.sheds.returned += 1
             state.pin_lost_waiting = True
+            self._pin_outcome(hit=False)
         else:
             state.pin_shed = True
-        self._update_survival()
 
-    def _update_survival(self) -> None:
-        """The share of pins that did their job among those whose program came back: the cost
-        model scales a pin's hit probability by it (a pin that is likely shed is worth less)."""
-        hits, lost = self.counters.hits, self.sheds.returned
-        self.ttl_model.pin_survival = (hits + 1.0) / (hits + lost + 1.0)
+    def _pin_outcome(self, *, hit: bool) -> None:
+        """A pin's program came back to it (``hit``) or after it was shed. The share of hits over
+        the latest ``SURVIVAL_WINDOW`` such outcomes (Laplace-smoothed) is the pin survival the cost
+        model scales a pin's hit probability by (a pin that is likely shed is worth less); a window,
+        so that a new pressure regime moves it within minutes, not hours."""
+        window = self._pin_outcomes
+        if len(window) == window.maxlen:
+            self._pin_hits -= window[0]
+        window.append(hit)
+        self._pin_hits += hit
+        self.ttl_model.pin_survival = (self._pin_hits + 1.0) / (len(window) + 1.0)
 
     def reset(self) -> None:
         """The engine dropped its whole cache (``/flush_cache``): every pin's node is gone, so
@@ -350,12 +365,19 @@ class ContinuumController:
         *,
         idle: bool = False,
         pending_tokens: int = 0,
+        behind_overdue: bool = False,
     ) -> bool:
         """Program-level admission control (``core/admission_control.py``) for a waiting turn;
         ``idle``: nothing else would run if it waited; ``pending_tokens``: what turns admitted
-        earlier in the same prefill selection reserve (``admission_reservation``)."""
+        earlier in the same prefill selection reserve (``admission_reservation``);
+        ``behind_overdue``: an overdue first turn ahead of it is held at the door."""
         return self.admission_control.holds_back(
-            tag, request_tokens, capacity_tokens, idle=idle, pending_tokens=pending_tokens
+            tag,
+            request_tokens,
+            capacity_tokens,
+            idle=idle,
+            pending_tokens=pending_tokens,
+            behind_overdue=behind_overdue,
         )
 
     def admission_reservation(self, tag: TurnTag, request_tokens: int) -> int:
@@ -473,11 +495,16 @@ class ContinuumController:
             assert pin.program_id not in self.pins, f"{pin.program_id} pinned on device and host at once"
         c = self.counters
         assert c.hits + c.expired + c.shed + c.released + c.flushed + len(self.pins) == c.created, "pin counters"
+        assert self._pin_hits == sum(self._pin_outcomes), "pin survival window"
         d = self.sheds
         assert d.admission + d.idle + d.alloc + d.budget == c.shed, "shed counters by rule"
         assert d.while_waiting <= c.shed, "sheds while waiting"
 
     # -- internals -----------------------------------------------------------------------
+    def _current(self, meta: ProgramMeta, tag: Optional[TurnTag]) -> bool:
+        """Whether ``tag``'s turn belongs to the program registered under its id now."""
+        return tag is None or tag.program is None or self.programs.get(meta.program_id) is tag.program
+
     def _drop_pins(self, program_id: str) -> list[Pin]:
         """Release whatever the program holds (device pin, host pin)."""
         released = self._drop_host(program_id)

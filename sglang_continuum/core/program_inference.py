@@ -6,7 +6,7 @@ agent appended. So when a turn of a program finishes (and is not its last), this
 two fingerprints of its context ``C`` (prompt ``Lp`` tokens + output, ``L`` tokens in all):
 
 * the *deep key*: ``C[:max(Lp + 1, L - D)]``, the context up to ``D`` tokens before its end
-  (``D`` = ``infer_divergence_tokens``: a template may render the end of the assistant message
+  (``D`` = ``divergence_tokens``: a template may render the end of the assistant message
   differently from the generated ids -- an end-of-turn token, trailing whitespace);
 * the *prompt key*: ``C[:Lp]``, the previous prompt alone, for templates that re-render the whole
   assistant message differently (stripped reasoning, re-tokenised text): divergence anywhere in
@@ -14,21 +14,27 @@ two fingerprints of its context ``C`` (prompt ``Lp`` tokens + output, ``L`` toke
 
 A new request with no id whose prompt strictly extends a recorded key continues that program; the
 deepest matching key wins (so of two programs that forked from one prompt, the one whose output
-the request continues). A request that matches nothing starts a new inferred program. A program's
-keys are dropped when one of its turns is attributed (the next finished turn records new ones),
-when the caller says the program is gone (``alive``), and oldest first past ``max_programs``.
+the request continues). Where the deepest match is two live programs' (forks whose outputs the
+template re-rendered alike, best-of-N), the request is no one's: a guess would cross their pins
+and tool samples. A program's keys are dropped when one of its turns is attributed (the next
+finished turn records new ones), when the caller says the program is gone (``alive``), and oldest
+first past ``max_programs``.
 
-Fingerprints are 64-bit polynomial hashes of token prefixes, ``sum (t_j + 1) R^j mod 2^64`` with
-a fixed odd ``R``: one vectorised pass gives every prefix's hash, so a lookup costs O(prompt) once
-(zero-copy over SGLang's ``array('q')`` ids) plus one dict probe per distinct recorded length
-below the prompt's. A collision or a wrong guess attributes a turn to the wrong program; its pin
-is an ordinary pin under the same budget and shedding rules, so it costs at most a pin's worth of
+Fingerprints are 64-bit polynomial hashes of token prefixes, ``sum (t_j + 1) R^j mod 2^64`` with a
+fixed odd ``R``: one vectorised pass gives every prefix's hash. A lookup probes only plausible
+continuation lengths: a key is filed under its length rounded down to a multiple of ``block``
+tokens (and the hash there), and a prompt of ``n`` tokens probes the block lengths in
+``[n - max_append_tokens, n)``, then checks the exact length and hash of what it found. So an
+arrival costs O(n) numpy once (zero-copy over SGLang's ``array('q')`` ids) plus at most
+``max_append_tokens / block`` dict probes, whatever the number of recorded programs; a
+continuation that appends more than ``max_append_tokens`` at once is not recognised (it is served
+as a new program). A collision or a wrong guess attributes a turn to the wrong program; its pin is
+an ordinary pin under the same budget and shedding rules, so it costs at most a pin's worth of
 memory for a TTL. Pure: no SGLang, no torch.
 """
 
 from __future__ import annotations
 
-import bisect
 import itertools
 from typing import Callable, Iterable, Optional, Sequence
 
@@ -36,8 +42,21 @@ import numpy as np
 
 _R = np.uint64(0x9E3779B97F4A7C15)  # odd: every power is invertible mod 2^64, no power collapses to 0
 _ONE = np.uint64(1)
+DIVERGENCE_TOKENS = 32
+MAX_APPEND_TOKENS = 32_768  # what a continuation may append at once (tool output, the agent's text)
+BLOCK_TOKENS = 64
+MAX_PROGRAMS = 100_000
 
 Key = tuple[int, int]  # (prefix length, hash of that prefix)
+_LENGTH_SHIFT = np.uint64(40)  # a block code: the length in the top 24 bits, the hash's top 40 below
+
+
+def _code(length: int, h: int) -> int:
+    return (length << 40) | (h >> 24)
+
+
+def _codes(lengths: np.ndarray, hashes: np.ndarray) -> np.ndarray:
+    return (lengths.astype(np.uint64) << _LENGTH_SHIFT) | (hashes >> np.uint64(24))
 
 
 def _as_uint64(tokens: Sequence[int], n: int) -> np.ndarray:
@@ -57,6 +76,7 @@ class PrefixHasher:
 
     def __init__(self) -> None:
         self._powers = np.ones(1, dtype=np.uint64)
+        self._scratch = np.empty(0, dtype=np.uint64)  # reused: a lookup allocates nothing
 
     def _powers_upto(self, n: int) -> np.ndarray:
         if len(self._powers) < n:
@@ -67,9 +87,16 @@ class PrefixHasher:
         return self._powers[:n]
 
     def hashes(self, tokens: Sequence[int], n: int) -> np.ndarray:
+        """The prefix hashes, in a buffer the next call overwrites (copy what must outlive it)."""
         ids = _as_uint64(tokens, n)
+        powers = self._powers_upto(n)
+        if len(self._scratch) < n:
+            self._scratch = np.empty(max(n, 2 * len(self._scratch)), dtype=np.uint64)
+        out = self._scratch[:n]
         with np.errstate(over="ignore"):
-            return np.cumsum((ids + _ONE) * self._powers_upto(n), dtype=np.uint64)
+            np.add(ids, _ONE, out=out)
+            np.multiply(out, powers, out=out)
+            return np.cumsum(out, out=out)
 
     def key(self, tokens: Sequence[int], length: int) -> Key:
         return (length, int(self.hashes(tokens, length)[length - 1]))
@@ -78,32 +105,49 @@ class PrefixHasher:
 class ProgramIndex:
     """Where finished turns' contexts ended -> the program that will continue them."""
 
-    def __init__(self, *, divergence_tokens: int = 32, max_programs: int = 100_000, prefix: str = "inferred-") -> None:
-        if divergence_tokens < 0 or max_programs < 1:
-            raise ValueError("divergence_tokens must be >= 0 and max_programs >= 1")
+    def __init__(
+        self,
+        *,
+        divergence_tokens: int = DIVERGENCE_TOKENS,
+        max_programs: int = MAX_PROGRAMS,
+        max_append_tokens: int = MAX_APPEND_TOKENS,
+        block: int = BLOCK_TOKENS,
+        prefix: str = "inferred-",
+    ) -> None:
+        if divergence_tokens < 0 or max_programs < 1 or max_append_tokens < 1 or block < 1:
+            raise ValueError("need divergence_tokens >= 0, max_programs >= 1, max_append_tokens >= 1, block >= 1")
         self.divergence_tokens = divergence_tokens
         self.max_programs = max_programs
+        self.max_append_tokens = max_append_tokens
+        self.block = block
         self.prefix = prefix
         self.hasher = PrefixHasher()
-        self._by_key: dict[Key, dict[str, None]] = {}  # key -> programs recorded there, oldest first
-        self._keys: dict[str, tuple[Key, ...]] = {}  # program -> its keys, oldest record first
-        self._length_refs: dict[int, int] = {}  # recorded prefix length -> number of keys of that length
-        self._lengths: list[int] = []  # the distinct recorded lengths, ascending
+        # block key -> {program: its exact keys filed there}
+        self._by_block: dict[Key, dict[str, tuple[Key, ...]]] = {}
+        # the block keys as sortable integers, ascending (length first): a prompt's probes, made in
+        # ascending length, are one vectorised search; only what is found reaches the dict
+        self._sorted = np.empty(0, dtype=np.uint64)
+        # program -> its block keys, oldest record first
+        self._blocks: dict[str, tuple[Key, ...]] = {}
         self._ids = itertools.count(1)
         self.created = 0  # inferred programs started
         self.attributed = 0  # requests attributed to a recorded program
+        self.ambiguous = 0  # requests whose deepest match was two live programs' (no one's)
         self.dropped = 0  # programs' keys dropped by the bound
 
     def __len__(self) -> int:
-        return len(self._keys)
+        return len(self._blocks)
 
     def __contains__(self, program_id: str) -> bool:
-        return program_id in self._keys
+        return program_id in self._blocks
 
     def new_program(self) -> str:
         """The id of a new inferred program (unique for this index's life)."""
         self.created += 1
         return f"{self.prefix}{next(self._ids)}"
+
+    def _filed_at(self, length: int) -> int:
+        return length - length % self.block if length >= self.block else length
 
     def record(self, program_id: str, context: Sequence[int], prompt_tokens: int, context_tokens: int) -> None:
         """A non-final turn of ``program_id`` finished: its context is ``context[:context_tokens]``,
@@ -113,65 +157,84 @@ class ProgramIndex:
         self.forget(program_id)
         deep = max(prompt_tokens + 1, context_tokens - self.divergence_tokens)
         hashes = self.hasher.hashes(context, context_tokens)
-        keys = [(prompt_tokens, int(hashes[prompt_tokens - 1]))]
-        if deep <= context_tokens:
-            keys.append((deep, int(hashes[deep - 1])))
-        for key in keys:
-            self._by_key.setdefault(key, {})[program_id] = None
-            refs = self._length_refs.get(key[0], 0)
-            if refs == 0:
-                bisect.insort(self._lengths, key[0])
-            self._length_refs[key[0]] = refs + 1
-        self._keys[program_id] = tuple(keys)
-        while len(self._keys) > self.max_programs:
-            self.forget(next(iter(self._keys)))
+        lengths = [prompt_tokens] + ([deep] if deep <= context_tokens else [])
+        keys = [(n, int(hashes[n - 1])) for n in lengths]
+        blocks = tuple(dict.fromkeys((b, int(hashes[b - 1])) for b in map(self._filed_at, lengths)))
+        for block in blocks:
+            filed = tuple(k for k in keys if self._filed_at(k[0]) == block[0])
+            programs = self._by_block.get(block)
+            if programs is None:
+                programs = self._by_block[block] = {}
+                code = _code(*block)
+                self._sorted = np.insert(self._sorted, np.searchsorted(self._sorted, code), code)
+            programs[program_id] = filed
+        self._blocks[program_id] = blocks
+        while len(self._blocks) > self.max_programs:
+            self.forget(next(iter(self._blocks)))
             self.dropped += 1
 
     def match(self, prompt: Sequence[int], alive: Callable[[str], bool] = lambda pid: True) -> Optional[str]:
-        """The program whose recorded context ``prompt`` strictly extends (deepest key first; among
-        programs recorded at one key, the latest), its keys consumed; None if there is none.
+        """The program whose recorded context ``prompt`` strictly extends (deepest key first), its
+        keys consumed; None if there is none, or if the deepest is two live programs' (ambiguous).
         Programs for which ``alive`` is false are forgotten on the way."""
         n = len(prompt)
-        top = bisect.bisect_left(self._lengths, n)  # lengths < n: the prompt must extend the key
-        if top == 0:
+        if n < 2 or not self._by_block:
             return None
-        hashes = self.hasher.hashes(prompt, self._lengths[top - 1])
-        for length in reversed(self._lengths[:top]):
-            programs = self._by_key.get((length, int(hashes[length - 1])))
-            while programs:
-                pid = next(reversed(programs))
+        low = max(1, n - self.max_append_tokens)
+        small = range(low, min(n, self.block))  # keys shorter than a block are filed at their length
+        blocks = range(max(self.block, low - low % self.block), n, self.block)  # the block holding ``low`` too
+        lengths = np.fromiter(itertools.chain(small, blocks), dtype=np.int64)
+        if lengths.size == 0:
+            return None
+        hashes = self.hasher.hashes(prompt, n - 1)  # a key must be strictly extended: length <= n - 1
+        at = hashes[lengths - 1]
+        codes = _codes(lengths, at)
+        slots = np.minimum(np.searchsorted(self._sorted, codes), len(self._sorted) - 1)
+        hits = np.flatnonzero(self._sorted[slots] == codes)
+        found: dict[Key, list[str]] = {}
+        for length, h in zip(lengths[hits].tolist(), at[hits].tolist()):
+            for pid, keys in self._by_block.get((length, h), {}).items():
+                for exact in keys:
+                    if exact[0] < n and int(hashes[exact[0] - 1]) == exact[1]:
+                        found.setdefault(exact, []).append(pid)
+        for exact in sorted(found, reverse=True):  # deepest first
+            live = []
+            for pid in dict.fromkeys(found[exact]):
                 if alive(pid):
-                    self.forget(pid)
-                    self.attributed += 1
-                    return pid
-                self.forget(pid)  # ended or forgotten by the registry: its context is no one's now
+                    live.append(pid)
+                else:
+                    self.forget(pid)  # ended or forgotten by the registry: its context is no one's now
+            if len(live) == 1:
+                self.forget(live[0])
+                self.attributed += 1
+                return live[0]
+            if len(live) > 1:
+                self.ambiguous += 1
+                return None
         return None
 
     def forget(self, program_id: str) -> None:
-        for key in self._keys.pop(program_id, ()):
-            programs = self._by_key[key]
+        for block in self._blocks.pop(program_id, ()):
+            programs = self._by_block[block]
             del programs[program_id]
             if not programs:
-                del self._by_key[key]
-            refs = self._length_refs[key[0]] - 1
-            if refs:
-                self._length_refs[key[0]] = refs
-            else:
-                del self._length_refs[key[0]]
-                del self._lengths[bisect.bisect_left(self._lengths, key[0])]
+                del self._by_block[block]
+                code = _code(*block)
+                self._sorted = np.delete(self._sorted, np.searchsorted(self._sorted, code))
 
     def forget_all(self, program_ids: Iterable[str]) -> None:
         for pid in program_ids:
             self.forget(pid)
 
     def check_integrity(self) -> None:
-        assert len(self._keys) <= self.max_programs, "index over its bound"
-        counted: dict[int, int] = {}
-        for pid, keys in self._keys.items():
-            assert 1 <= len(keys) <= 2, f"{pid} has {len(keys)} keys"
-            for key in keys:
-                assert pid in self._by_key.get(key, {}), f"{pid}'s key {key} not indexed"
-                counted[key[0]] = counted.get(key[0], 0) + 1
-        assert sum(len(p) for p in self._by_key.values()) == sum(len(k) for k in self._keys.values()), "stray keys"
-        assert counted == self._length_refs, "length counts"
-        assert self._lengths == sorted(counted), "length list"
+        assert len(self._blocks) <= self.max_programs, "index over its bound"
+        for pid, blocks in self._blocks.items():
+            assert 1 <= len(blocks) <= 2, f"{pid} is filed under {len(blocks)} blocks"
+            keys = [k for b in blocks for k in self._by_block[b][pid]]
+            assert 1 <= len(keys) <= 2 and len(set(keys)) == len(keys), f"{pid} has keys {keys}"
+            for block in blocks:
+                assert all(self._filed_at(k[0]) == block[0] for k in self._by_block[block][pid]), f"{pid} misfiled"
+        filed = sum(len(programs) for programs in self._by_block.values())
+        assert filed == sum(map(len, self._blocks.values())), "stray block entries"
+        codes = sorted(_code(*block) for block in self._by_block)
+        assert self._sorted.tolist() == codes, "sorted block codes out of step"

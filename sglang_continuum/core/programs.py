@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 MAX_PROGRAMS = 100_000
 PROGRAM_IDLE_TIMEOUT_S = 900.0  # a program unseen this long, with nothing in flight, is forgotten
@@ -91,6 +91,9 @@ class ProgramRegistry:
 
     def __contains__(self, program_id: object) -> bool:
         return program_id in self._programs
+
+    def __iter__(self) -> Iterator[ProgramState]:
+        return iter(self._programs.values())
 
     def get(self, program_id: str) -> Optional[ProgramState]:
         return self._programs.get(program_id)
@@ -206,8 +209,11 @@ class ProgramRegistry:
         cutoff = now - self.working_set_window_s
         while self._working:
             state = self._programs[next(iter(self._working))]
-            if state.last_seen > cutoff or state.in_flight > 0:
+            if state.last_seen > cutoff:
                 break
+            if state.in_flight > 0:
+                self._touch(state, now)  # alive (a turn waits or runs): it must not stop the others' expiry
+                continue
             self._leave_working_set(state)
 
     def let_go(self, program_id: str) -> None:

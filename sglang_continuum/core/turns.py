@@ -4,10 +4,13 @@ request carries while queued, its admission record, and the plans the controller
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from sglang_continuum.core.metadata import ProgramMeta
 from sglang_continuum.core.pins import Pin
+
+if TYPE_CHECKING:
+    from sglang_continuum.core.programs import ProgramState
 
 
 @dataclass(slots=True)
@@ -29,6 +32,9 @@ class TurnTag:
     queued_at: float = 0.0
     overtake_base: int = 0
     overtake_budget: int = 0
+    # the program state it arrived under: its exit counts against that incarnation only (a program
+    # forgotten while this turn was live, and seen again since, is another)
+    program: Optional["ProgramState"] = None
 
 
 @dataclass(frozen=True, slots=True)

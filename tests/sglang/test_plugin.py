@@ -86,3 +86,62 @@ def test_server_tool_call_parser_names_tools_without_the_request_tool_list():
     assert parse('<tool_call>\n{"name": "fetch_url", "arguments": {"url": "x"}}\n</tool_call>') == "fetch_url"
     assert parse("no call here") is None
     assert sglang_detector("no-such-parser") is None
+
+
+@pytest.mark.parametrize(
+    "field, value, flag",
+    [
+        ("attn_dp_size", 2, "--attn-dp-size"),
+        ("enable_prefill_delayer", True, "--enable-prefill-delayer"),
+        ("disaggregation_mode", "prefill", "--disaggregation-mode"),
+        ("enable_priority_scheduling", True, "--enable-priority-scheduling"),
+    ],
+)
+def test_modes_the_binding_cannot_serve_stop_start_up_naming_the_flag(tiny_model, field, value, flag):
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_continuum.adapter.modes import check_supported
+
+    args = ServerArgs(model_path=tiny_model, schedule_policy="continuum", **{field: value})
+    with pytest.raises(RuntimeError, match=flag):
+        plugin._after_resolve(None, args)  # in the launcher, before a scheduler starts
+    with pytest.raises(RuntimeError, match=flag):
+        check_supported(args)  # and in the scheduler (the in-process harness skips the launcher)
+    check_supported(ServerArgs(model_path=tiny_model, schedule_policy="continuum"))  # the defaults are served
+    with pytest.raises(RuntimeError, match="hybrid Mamba/SSM"):
+        check_supported(ServerArgs(model_path=tiny_model), hybrid_ssm=True)
+
+
+def test_a_turn_committed_on_an_exact_fit_is_not_recorded_as_blocked():
+    """SGLang's ``add_one_req`` answers, after committing a request, for the next candidate: on an
+    exact fit that is NO_TOKEN. The request it just took must not be the selection's blocked turn
+    (pins ranked after it would be shed for a turn that is already in)."""
+    from types import SimpleNamespace
+
+    from sglang.srt.managers.schedule_policy import AddReqResult
+
+    from sglang_continuum.adapter.binding import Admission
+
+    class ExactFit:  # the adder after an exact fit: the request is taken, the budget is spent
+        def __init__(self, commit: bool) -> None:
+            self.can_run_list, self.commit = [], commit
+            self.running_batch = SimpleNamespace(is_empty=lambda: False)
+
+        def add_one_req(self, req, has_chunked_req, truncation_align_size):
+            if self.commit:
+                self.can_run_list.append(req)
+            return AddReqResult.NO_TOKEN
+
+    admission = Admission(SimpleNamespace(chunked_req=None), SimpleNamespace())
+    taken = SimpleNamespace(rid="taken")
+    adder = admission.adder_class(ExactFit)(commit=True)
+    assert adder.add_one_req(taken, False, 0) is AddReqResult.NO_TOKEN
+    assert admission.blocked is None and adder.can_run_list == [taken]
+    refused = SimpleNamespace(
+        rid="refused", full_untruncated_fill_ids=[0] * 100, prefix_len=0, output_ids=[],
+        sampling_params=SimpleNamespace(max_new_tokens=4),
+    )  # fmt: skip
+    adder = admission.adder_class(ExactFit)(commit=False)
+    adder.per_req_token_overhead, adder.memory_budget = 0, SimpleNamespace(remaining_total=50)
+    assert adder.add_one_req(refused, False, 0) is AddReqResult.NO_TOKEN
+    assert admission.blocked is refused and admission.shortfall == 54

@@ -71,7 +71,7 @@ def test_incremental_order_equals_a_fresh_sort(sglang_globals, script):
             n += 1
             req = make_req(f"r{n}", arg, [n % 500 + 1, 2, 3])
             queue.append(req)
-            cache.tag_request(req, waiting_ahead=len(queue) - 1)
+            cache.turn_entered(req, waiting_ahead=len(queue) - 1)
             policy.requeued(req)
         elif op == "admit" and queue:
             req = queue.pop(arg % len(queue))
@@ -79,7 +79,7 @@ def test_incremental_order_equals_a_fresh_sort(sglang_globals, script):
         elif op == "retract" and queue:
             req = queue.pop(arg % len(queue))
             req.is_retracted = True
-            cache.controller.turn_requeued(req._continuum_tag)
+            cache.turn_entered(req, waiting_ahead=len(queue))  # back in the queue: its wait restarts
             queue.append(req)
             policy.requeued(req)
         elif op == "pin":

@@ -548,3 +548,34 @@ def test_a_selection_never_takes_more_programs_than_the_door_would_one_at_a_time
         return passed
 
     assert run(batched=True) == run(batched=False)
+
+
+def test_pin_survival_reads_a_window_not_the_whole_uptime():
+    # after thousands of hits, a storm of sheds whose programs came back must move it within the
+    # window (over the lifetime it would stay above 0.9 for hours)
+    from sglang_continuum.core.controller import SURVIVAL_WINDOW
+
+    c, _ = make()
+    for _ in range(10_000):
+        c._pin_outcome(hit=True)
+    assert c.ttl_model.pin_survival > 0.99
+    for _ in range(SURVIVAL_WINDOW):
+        c._pin_outcome(hit=False)
+    assert c.ttl_model.pin_survival < 0.01
+    c.check_integrity()
+
+
+def test_a_turn_of_an_ended_program_touches_nothing_of_its_successor():
+    # p's first turn is live when p ends (a concurrent last step, /close_session); a new p arrives
+    # and is pinned. The old turn then finishes or aborts: the new p keeps its pin and count
+    c, _ = make()
+    old = c.turn_arrived(turn("p"))
+    c.end_program("p")
+    new = c.turn_arrived(turn("p"))
+    assert new.program is not old.program and c.programs.get("p").in_flight == 1
+    out = c.turn_finished(turn("p"), context_tokens=10, handle="h-old", tag=old)
+    assert out.pin is None and out.release == [] and c.programs.get("p").in_flight == 1
+    assert c.turn_aborted(turn("p"), old) == [] and c.programs.get("p").in_flight == 1
+    assert c.turn_finished(turn("p"), context_tokens=10, handle="h-new", tag=new).pin is not None
+    assert c.programs.get("p").in_flight == 0
+    c.check_integrity()

@@ -3,6 +3,7 @@
 import random
 from array import array
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -24,7 +25,7 @@ def test_prefix_hashes_agree_for_lists_and_sglang_arrays_and_tell_prefixes_apart
     a = ids(rng, 300)
     b = a[:200] + ids(rng, 100)
     h = PrefixHasher()
-    ha, hb, harr = h.hashes(a, 300), h.hashes(b, 300), h.hashes(array("q", a), 300)
+    ha, hb, harr = h.hashes(a, 300).copy(), h.hashes(b, 300).copy(), h.hashes(array("q", a), 300).copy()
     assert (ha == harr).all()
     assert (ha[:200] == hb[:200]).all() and not (ha[200:] == hb[200:]).any()
     assert h.key([0, 0], 2) != h.key([0, 0, 0], 3)  # token 0 still counts
@@ -147,4 +148,66 @@ def test_programs_are_followed_through_random_interleavings(ops, divergence):
         else:
             index.forget(pid)
         index.check_integrity()
-        assert set(index._keys) <= recorded
+        assert set(index._blocks) <= recorded
+
+
+def test_forks_whose_outputs_were_re_rendered_alike_are_no_ones():
+    # best-of-N, RL rollouts: two programs from one prompt; the template re-renders their outputs
+    # (deep keys miss), so only the shared prompt key matches: a guess would cross their pins
+    rng = random.Random(10)
+    index = ProgramIndex(divergence_tokens=4)
+    prompt = ids(rng, 100)
+    finished(index, "a", prompt, ids(rng, 30))
+    finished(index, "b", prompt, ids(rng, 30))
+    assert index.match(prompt + ids(rng, 40)) is None and index.ambiguous == 1
+    assert "a" in index and "b" in index  # neither consumed
+    assert index.match(prompt + ids(rng, 40), alive=lambda pid: pid == "b") == "b"  # a ended: b's alone
+    index.check_integrity()
+
+
+def test_a_shared_system_prompt_is_not_a_continuation():
+    # agents of one kind share a long system prompt; a new program's first turn shares its first
+    # block-aligned tokens with a recorded prompt but not the recorded prompt itself
+    rng = random.Random(11)
+    index = ProgramIndex(divergence_tokens=8)
+    system = ids(rng, 960)
+    finished(index, "a", system + ids(rng, 40), ids(rng, 30))  # a's prompt: system + its task
+    assert index.match(system + ids(rng, 300)) is None  # another task after the same system prompt
+    index.check_integrity()
+
+
+def test_a_lookup_probes_only_plausible_lengths_whatever_is_recorded():
+    """The cost of an arrival is bounded by the continuation window, not by the records: 30,000
+    recorded programs, and a prompt probes at most max_append / block block lengths (plus the
+    lengths below one block). Timings: ``continuum-overhead --inference``."""
+
+    class Counted(dict):
+        probes = 0
+
+        def get(self, key, default=None):
+            Counted.probes += 1
+            return super().get(key, default)
+
+    rng = np.random.default_rng(12)
+    index = ProgramIndex(max_append_tokens=4096, block=64)
+    for i in range(30_000):  # every recorded length within the window of the prompts below
+        n = int(rng.integers(200, 4_000))
+        index.record(f"p{i}", rng.integers(5, 50_000, n), n - 100, n)
+    index._by_block = Counted(index._by_block)
+    stranger = rng.integers(5, 50_000, 4_096)
+    assert index.match(stranger) is None
+    assert Counted.probes <= 4096 // 64 + 64
+    continued = rng.integers(5, 50_000, 3_000)
+    index.record("mine", continued, 2_900, 3_000)
+    Counted.probes = 0
+    assert index.match(np.concatenate([continued, rng.integers(5, 50_000, 1_000)])) == "mine"
+    assert Counted.probes <= 4096 // 64 + 64
+
+
+def test_a_continuation_past_the_window_is_served_as_a_new_program():
+    rng = random.Random(13)
+    index = ProgramIndex(max_append_tokens=256, block=64)
+    ctx = finished(index, "p", ids(rng, 300), ids(rng, 20))
+    assert index.match(ctx + ids(rng, 200)) == "p"
+    ctx = finished(index, "p", ctx + ids(rng, 200), ids(rng, 20))
+    assert index.match(ctx + ids(rng, 600)) is None  # appended more than the window at once

@@ -154,3 +154,20 @@ def test_registry_invariants_hold_under_any_event_sequence(ops):
             r.forget_idle(now)
         r.drain_forgotten()
         r.check_integrity()
+
+
+def test_a_turn_waiting_long_does_not_keep_the_others_in_the_working_set():
+    # A's turn waits from t=2 for longer than the window; B was last seen at t=5 and is out on a
+    # tool with nothing in flight: it must leave the working set, whatever A does
+    reg = ProgramRegistry(working_set_window_s=30.0)
+    reg.turn_arrived("a", 0.0, 1)
+    reg.turn_admitted("a", 1.0, 1000)
+    reg.turn_finished("a", 1.5, "bash", 1000)
+    reg.turn_arrived("a", 2.0, 2)  # waits (in flight)
+    reg.turn_arrived("b", 3.0, 3)
+    reg.turn_admitted("b", 4.0, 700)
+    reg.turn_finished("b", 5.0, "bash", 700)
+    for now in (40.0, 100.0, 800.0):
+        reg.forget_idle(now)
+        assert reg.working_programs == 1 and reg.working_set_tokens == 1000  # a alone
+        reg.check_integrity()

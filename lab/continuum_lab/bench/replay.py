@@ -8,9 +8,11 @@ work. Program metadata (program id, last step, tool name) travels in ``custom_pa
 ``session_id``; program-affine routers get the ``x-smg-routing-key`` header.
 
 Appended tokens are random ids drawn from a per-program generator seeded by (seed, program id),
-so every policy sees identical prompts. With ``send_program_id=False`` (``continuum-bench --no-ids``)
-no program metadata travels at all, and native requests are named ``<program>#<turn>`` (SGLang's
-``rid``) so the server's attribution log can be scored (``bench/attribution.py``). With ``api="sglang"`` (native ``/generate``) the model's
+so every policy sees identical prompts. With ``identity="routing-key"`` (``continuum-bench --identity
+routing-key``) only SGLang's routing key travels (the header and ``/generate``'s ``routing_key``);
+with ``identity="none"`` (``--identity none``, ``--no-ids``) no program metadata travels at all.
+Without ids native requests are named ``<program>#<turn>`` (SGLang's ``rid``) so the server's
+attributions can be scored (``bench/attribution.py``). With ``api="sglang"`` (native ``/generate``) the model's
 real output ids continue the context, as in a real agent; with ``api="openai"``
 (``/v1/completions`` with token-id prompts) the output ids are not returned, so fixed
 placeholder ids of the same length continue it instead.
@@ -124,6 +126,12 @@ def _program_rng(seed: int, program_id: str) -> random.Random:
     return random.Random(program_seed(seed, program_id))
 
 
+# what a client tells the server about a turn's program: everything (program id, last step, tool, in
+# ``custom_params`` and ``session_id``), only SGLang's routing key (what smg and the OpenAI endpoints
+# carry: an agent that changes nothing behind a router), or nothing (the program is inferred)
+IDENTITIES = ("ids", "routing-key", "none")
+
+
 class Replayer:
     def __init__(
         self,
@@ -134,7 +142,7 @@ class Replayer:
         vocab: int = 500,
         seed: int = 0,
         timeout_s: float = 900.0,
-        send_program_id: bool = True,
+        identity: str = "ids",
         close_sessions: bool = False,
         on_turn: Optional[Callable[[TurnRecord], None]] = None,
         metrics_urls: Optional[list[str]] = None,
@@ -148,7 +156,10 @@ class Replayer:
         self.vocab = vocab
         self.seed = seed
         self.timeout_s = timeout_s
-        self.send_program_id = send_program_id
+        if identity not in IDENTITIES:
+            raise ValueError(f"identity must be one of {IDENTITIES}")
+        self.identity = identity
+        self.send_program_id = identity == "ids"
         self.close_sessions = close_sessions  # --enable-session-radix-cache: release the session at program end
         self.on_turn = on_turn
         self.metrics_urls = metrics_urls  # the workers behind a router (default: ``url`` itself)
@@ -162,7 +173,7 @@ class Replayer:
         turn = program.turns[i]
         last = i == len(program.turns) - 1
         custom = continuum_custom_params(program.program_id, last_step=last, tool_name=turn.tool, step=i + 1)
-        headers = routing_headers(program.program_id) if self.send_program_id else {}
+        headers = routing_headers(program.program_id) if self.identity != "none" else {}
         if self.api == "sglang":
             body = {
                 "input_ids": ids,
@@ -174,6 +185,8 @@ class Replayer:
                 body["session_id"] = program.program_id
             else:
                 body["rid"] = turn_rid(program.program_id, i)  # the truth, for scoring attribution
+                if self.identity == "routing-key":
+                    body["routing_key"] = program.program_id
             return "/generate", body, headers
         body = {
             "model": self.model,

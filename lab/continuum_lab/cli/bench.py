@@ -18,7 +18,8 @@ the replay client on the last (``--no-pin-cpus`` turns that off); each run recor
 server's threads were really allowed (``server_cores``).
 ``--url`` replays against an already running server instead (one policy, e.g. vLLM).
 
-``--no-ids`` sends no program metadata at all (no ``custom_params``, ``session_id`` or routing key):
+``--identity routing-key`` sends only SGLang's routing key; ``--identity none`` (``--no-ids``) sends
+no program metadata at all (no ``custom_params``, ``session_id`` or routing key):
 Continuum must infer programs from the prefix. Each server (or emulated run) writes which program
 it attributed each request to (``attribution_log``); the report scores it against the truth
 (precision and recall, ``bench/attribution.py``). Single servers and emulated runs only.
@@ -53,7 +54,7 @@ from continuum_lab.bench.policies import (
     pressure_pool_tokens,
     tlru_config,
 )
-from continuum_lab.bench.replay import Replayer, ReplayResult
+from continuum_lab.bench.replay import IDENTITIES, Replayer, ReplayResult
 from continuum_lab.bench.report import markdown_table, plots, summarize
 from continuum_lab.bench.seeds import aggregate, collapsed_flags, headline, run_order, seeds_table
 from continuum_lab.harness.fleet import ROUTER_ARGS, ROUTER_POLICIES, Fleet, fleet_summary, worker_table
@@ -116,8 +117,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     ap.add_argument("--no-share-stats", action="store_true", help="workers keep their tool statistics to themselves")
     ap.add_argument(
-        "--no-ids", action="store_true", help="send no program metadata: programs are inferred from the prefix"
+        "--identity",
+        choices=IDENTITIES,
+        default="ids",
+        help="program metadata the client sends: all of it (ids), SGLang's routing key only (an agent that changes "
+        "nothing behind a router), or none (programs inferred from the prefix)",
     )
+    ap.add_argument("--no-ids", dest="identity", action="store_const", const="none", help="= --identity none")
     ap.add_argument("--out", type=Path, default=Path("out/bench"))
     args = ap.parse_args(argv)
     if args.emulate and args.url:
@@ -199,7 +205,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             vocab=args.vocab,
             seed=seed,
             close_sessions=policy.partition("+")[0] == "session",
-            send_program_id=not args.no_ids,
+            identity=args.identity,
         )
         attribution_log = _attribution_path(args, policy, jps, seed, repeat)
         server_cores = None
@@ -396,7 +402,7 @@ def _event_log_path(args, policy: str, jps: float, seed: int, repeat: int) -> Pa
 
 def _attribution_path(args, policy: str, jps: float, seed: int, repeat: int) -> Optional[Path]:
     """The event log the run's attributions are read from (``--no-ids`` on a continuum policy)."""
-    if not args.no_ids or not policy.startswith("continuum") or args.url:
+    if args.identity != "none" or not policy.startswith("continuum") or args.url:
         return None
     return _event_log_path(args, policy, jps, seed, repeat)
 
@@ -422,7 +428,7 @@ def attribution_section(runs: list[dict]) -> list[str]:
     if not scored:
         return []
     lines = [
-        "## Program attribution (--no-ids)",
+        "## Program attribution (no program id sent)",
         "",
         "No program metadata was sent; the server inferred programs from the prefix. Recall: later turns "
         "attributed to their own program's previous turn; precision: of the requests the server attributed to "
@@ -483,8 +489,7 @@ def _emulated_runs(grid, args, pool: int, extra_env: dict):
             *(f"--env={k}={v}" for k, v in extra_env.items()),
         ]  # fmt: skip
         log_path = _attribution_path(args, policy, jps, seed, repeat)
-        if args.no_ids:
-            cmd.append("--no-ids")
+        cmd.append(f"--identity={args.identity}")
         if log_path is not None:
             if not (args.reuse_runs and out.is_file()):
                 log_path.unlink(missing_ok=True)

@@ -98,7 +98,7 @@ def bench_calc_priority(model_path: str, waiting: int, pins: int) -> dict:
     stock = SchedulePolicy("fcfs", cache, False, False, False)
     queue = make_queue()
     for req in queue:  # what the enqueue hook does for each arrival
-        cache.tag_request(req)
+        cache.turn_entered(req)
         ours.requeued(req)
     ours.calc_priority(queue)  # the first step places everything (one sort)
     out = {"stock_fcfs": timeit(lambda: stock.calc_priority(queue), 50)}
@@ -110,7 +110,7 @@ def bench_calc_priority(model_path: str, waiting: int, pins: int) -> dict:
         sp = SamplingParams(max_new_tokens=16, custom_params={"program_id": p})
         req = Req(f"{p}-new{next(arrivals)}", "", array("q", contexts[p] + [5, 6, 7]), sp)
         queue.append(req)  # what SGLang's _add_request_to_queue does, then our hook
-        cache.tag_request(req)
+        cache.turn_entered(req)
         ours.requeued(req)
 
     # Each change runs untimed, then one step is timed: the step's ordering cost is what the policy
@@ -128,7 +128,7 @@ def bench_calc_priority(model_path: str, waiting: int, pins: int) -> dict:
         release()
 
     out["continuum_arrival_and_pin_change"] = timeit(step, 20, setup=arrival_and_release)
-    out["event_arrival_hook"] = timeit(arrive, 50)  # Req construction + tag_request + requeued
+    out["event_arrival_hook"] = timeit(arrive, 50)  # Req construction + turn_entered + requeued
     idle = iter([pin.program_id for pin in cache.controller.pins if pin.program_id.startswith("idle")])
     # a release on its own (end_program: unlock, counters, statistics), of programs out on tools
     out["event_pin_release"] = timeit(lambda: cache.end_program(next(idle)), 25)
@@ -317,50 +317,54 @@ def bench_ttl_decision(sizes=(100, 10_000, 100_000)) -> list[dict]:
 DECODE_PROMPT = list(range(10, 210))  # the same 200-token prompt for every request and policy
 
 
-def bench_inference(live: int = 1000, prompt_tokens: int = 131_072) -> dict:
-    """Program inference per arrival (``infer_programs``): ``live`` inferred programs recorded at
-    context lengths spread up to ``prompt_tokens``, then a ``prompt_tokens``-long prompt (SGLang's
-    ``array('q')``) that extends one of them, or none. Also a finished turn's record."""
+def bench_inference(records: int = 30_000, prompts: tuple[int, ...] = (32_768, 131_072)) -> list[dict]:
+    """Program inference per arrival (``infer_programs``), the plugin's only per-arrival cost that
+    grows with state: ``records`` finished turns recorded (provisional or inferred programs) at
+    context lengths spread up to each prompt length, then a prompt of that length (SGLang's
+    ``array('q')``) that extends one of them, or none; and a finished turn's record."""
     from array import array
 
     import numpy as np
 
     from sglang_continuum.core.program_inference import ProgramIndex
 
-    rng = np.random.default_rng(0)
-    index = ProgramIndex(divergence_tokens=32)
+    rows = []
+    for prompt_tokens in prompts:
+        rng = np.random.default_rng(0)
+        index = ProgramIndex()
 
-    def ids(n: int) -> array:
-        out = array("q")
-        out.frombytes(rng.integers(5, 128_000, n, dtype=np.int64).tobytes())
-        return out
+        def ids(n: int) -> array:
+            out = array("q")
+            out.frombytes(rng.integers(5, 128_000, n, dtype=np.int64).tobytes())
+            return out
 
-    lengths = np.linspace(1_000, prompt_tokens - 2_000, live).astype(int)
-    for i, n in enumerate(lengths[:-1]):
-        ctx = ids(int(n))
-        index.record(f"p{i}", ctx, int(n) - 200, int(n))
-    target = ids(int(lengths[-1]))
-    prompt = target + ids(prompt_tokens - len(target))
-    stranger = ids(prompt_tokens)
+        pool = ids(prompt_tokens)  # the records: prefixes of one draw (cheap to make), none of the prompts'
+        lengths = np.linspace(1_000, prompt_tokens - 2_000, records).astype(int)
+        for i, n in enumerate(lengths[:-1]):
+            index.record(f"p{i}", pool, int(n) - 200, int(n))
+        target = ids(int(lengths[-1]))
+        prompt = target + ids(prompt_tokens - len(target))
+        stranger = ids(prompt_tokens)
 
-    def record() -> None:
-        index.record("target", target, len(target) - 200, len(target))
+        def record() -> None:
+            index.record("target", target, len(target) - 200, len(target))
 
-    record()
-    matched = timeit(lambda: index.match(prompt), 50, setup=record)
-    assert index.match(prompt) is None  # consumed by the last timed match
-    record()
-    unmatched = timeit(lambda: index.match(stranger), 50)
-    recorded = timeit(record, 50)
-    return {
-        "live_programs": len(index),
-        "prompt_tokens": prompt_tokens,
-        "distinct_lengths": len(index._lengths),
-        "arrival_matched": matched,
-        "arrival_unmatched": unmatched,
-        "record_finished_turn": recorded,
-        "explicit_id": "not looked up: tag_request consults inference only for requests with no program id",
-    }
+        record()
+        matched = timeit(lambda: index.match(prompt), 50, setup=record)
+        assert index.match(prompt) is None  # consumed by the last timed match
+        record()
+        unmatched = timeit(lambda: index.match(stranger), 50)
+        recorded = timeit(record, 50)
+        rows.append(
+            {
+                "records": len(index),
+                "prompt_tokens": prompt_tokens,
+                "arrival_matched": matched,
+                "arrival_unmatched": unmatched,
+                "record_finished_turn": recorded,
+            }
+        )
+    return rows
 
 
 def bench_decode(model_path: str, servers: int, batches: int, requests: int, new_tokens: int) -> dict:
@@ -439,17 +443,17 @@ def main(argv=None) -> int:
         print(f"report: {args.out}")
         return 0
     if args.inference:
-        report = {"machine": machine, "inference": bench_inference(live=1000, prompt_tokens=131_072)}
+        report = {"machine": machine, "inference": bench_inference()}
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2))
-        x = report["inference"]
-        print(
-            f"program inference, {x['live_programs']} live inferred programs, {x['prompt_tokens']}-token prompt: "
-            f"arrival (matched) {x['arrival_matched']['median_us'] / 1000:.3f} ms median "
-            f"({x['arrival_matched']['p90_us'] / 1000:.3f} p90), arrival (no match) "
-            f"{x['arrival_unmatched']['median_us'] / 1000:.3f} ms, a finished turn's record "
-            f"{x['record_finished_turn']['median_us'] / 1000:.3f} ms; explicit ids: {x['explicit_id']}"
-        )
+        for x in report["inference"]:
+            print(
+                f"program inference, {x['records']} records, {x['prompt_tokens']}-token prompt: arrival (matched) "
+                f"{x['arrival_matched']['median_us'] / 1000:.3f} ms median ({x['arrival_matched']['p90_us'] / 1000:.3f} "
+                f"p90), arrival (no match) {x['arrival_unmatched']['median_us'] / 1000:.3f} ms median "
+                f"({x['arrival_unmatched']['p90_us'] / 1000:.3f} p90), a finished turn's record "
+                f"{x['record_finished_turn']['median_us'] / 1000:.3f} ms; a request with an id looks up nothing"
+            )
         print(f"report: {args.out}")
         return 0
     if args.decode:

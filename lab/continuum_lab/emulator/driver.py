@@ -18,7 +18,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from continuum_lab.bench.replay import ProgramRecord, ReplayResult, TurnRecord, arrival_times, program_seed
+from continuum_lab.bench.replay import IDENTITIES, ProgramRecord, ReplayResult, TurnRecord, arrival_times, program_seed
 from continuum_lab.emulator import sglang_engine as engine
 from continuum_lab.emulator.step_model import StepLatencyModel
 from continuum_lab.workloads.schema import Program
@@ -58,7 +58,7 @@ class ClosedLoopDriver:
         *,
         seed: int = 0,
         vocab: int = 1000,
-        send_program_id: bool = True,
+        identity: str = "ids",
         close_sessions: bool = False,
         on_turn: Optional[Callable[[TurnRecord], None]] = None,
         host: Optional[engine.HostTransfers] = None,
@@ -72,7 +72,10 @@ class ClosedLoopDriver:
         self.clock = clock
         self.seed = seed
         self.vocab = vocab
-        self.send_program_id = send_program_id
+        if identity not in IDENTITIES:
+            raise ValueError(f"identity must be one of {IDENTITIES}")
+        self.identity = identity
+        self.send_program_id = identity == "ids"
         self.close_sessions = close_sessions
         self.on_turn = on_turn
         self.busy_s = 0.0
@@ -112,6 +115,7 @@ class ClosedLoopDriver:
             turn.output_tokens,
             custom,
             spec.program_id if self.send_program_id else None,
+            spec.program_id if self.identity == "routing-key" else None,
         )
         self._inflight[rid] = (program, rec, req)
 

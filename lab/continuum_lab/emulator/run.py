@@ -35,7 +35,7 @@ def emulate(
     env: Optional[dict[str, str]] = None,
     vocab: int = 1000,
     progress: bool = False,
-    no_ids: bool = False,
+    identity: str = "ids",
     marks: tuple[float, ...] = (60.0,),
 ) -> dict:
     from continuum_lab.bench.events import read_admission_log, summarize_admissions
@@ -113,7 +113,7 @@ def emulate(
                 seed=seed,
                 vocab=vocab,
                 close_sessions=policy.partition("+")[0] == "session",
-                send_program_id=not no_ids,
+                identity=identity,
                 on_turn=(lambda t: bar.update(1)) if bar is not None else None,
                 host=host,
                 marks=marks,
@@ -157,6 +157,8 @@ def emulate(
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    from continuum_lab.bench.replay import IDENTITIES
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workload", type=Path, required=True)
     ap.add_argument("--policy", required=True)
@@ -169,7 +171,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--env", action="append", default=[], help="KEY=VALUE (repeatable)")
     ap.add_argument("--vocab", type=int, default=1000)
     ap.add_argument("--progress", action="store_true")
-    ap.add_argument("--no-ids", action="store_true", help="send no program metadata (programs are inferred)")
+    ap.add_argument(
+        "--identity", choices=IDENTITIES, default="ids", help="program metadata sent: all, the routing key only, none"
+    )
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     run = emulate(
@@ -184,7 +188,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         env=dict(kv.split("=", 1) for kv in args.env),
         vocab=args.vocab,
         progress=args.progress,
-        no_ids=args.no_ids,
+        identity=args.identity,
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_bytes(orjson.dumps(run))

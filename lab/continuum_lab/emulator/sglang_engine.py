@@ -211,10 +211,18 @@ def describe_batch(batch) -> BatchShape:
     raise NotImplementedError(f"the emulator models extend and decode batches, not {mode}")
 
 
-def submit(scheduler, rid: str, input_ids: Sequence[int], max_new_tokens: int, custom_params, session_id):
+def submit(
+    scheduler, rid: str, input_ids: Sequence[int], max_new_tokens: int, custom_params, session_id, routing_key=None
+):
     """Queue a request as the tokenizer manager would; return its ``Req``."""
     req = submit_request(
-        scheduler, rid, input_ids, max_new_tokens=max_new_tokens, custom_params=custom_params, session_id=session_id
+        scheduler,
+        rid,
+        input_ids,
+        max_new_tokens=max_new_tokens,
+        custom_params=custom_params,
+        session_id=session_id,
+        routing_key=routing_key,
     )
     if req is None:
         raise RuntimeError(f"request {rid} was not queued (rejected by the scheduler?)")
