@@ -231,9 +231,8 @@ class SchedulerBinding:
         prefill batch (merged into the running batch at the next step); not yet finished."""
         s = self.scheduler
         reqs = [*s.waiting_queue, *s.running_batch.reqs]
-        for batch in (getattr(s, "last_batch", None), getattr(s, "cur_batch", None)):
-            if batch is not None:
-                reqs += batch.reqs
+        if s.last_batch is not None:
+            reqs += s.last_batch.reqs
         if s.chunked_req is not None:
             reqs.append(s.chunked_req)
         return {r.rid for r in reqs if not r.finished()}  # a finished one left: SGLang filters it next step

@@ -40,6 +40,7 @@ from sglang_continuum.core.pins import Pin, PinTable, Tier
 from sglang_continuum.core.programs import ProgramRegistry, ProgramState
 from sglang_continuum.core.rules import Rules, resolve_rules
 from sglang_continuum.core.settings import ContinuumSettings
+from sglang_continuum.core.silence import Silence
 from sglang_continuum.core.stats_exchange import DURATION, OUTCOME, Sample
 from sglang_continuum.core.tool_stats import UNKNOWN_TOOL, ToolStats
 from sglang_continuum.core.ttl import TTLModel, TTLQuery
@@ -65,6 +66,7 @@ class ContinuumController:
         self.timings.check(settings.max_ttl_s)
         self.programs = ProgramRegistry(idle_timeout_s=self.timings.program_idle_timeout_s)
         self.stats = ToolStats()
+        self.silence = Silence(self.stats, self.programs)  # programs whose clients announce no ends
         self.pins = PinTable(budget_tokens)
         self.counters = PinCounters()
         self.host_pins = PinTable(0)  # empty budget until attach_host_tier
@@ -102,7 +104,14 @@ class ContinuumController:
             tag = TurnTag(meta, rank, rank, now)
             self.bounded.enter(tag, now, waiting_ahead)
             return tag
+        if meta.program_id not in self.programs:
+            late = self.silence.came_back(meta.program_id, now)
+            if late is not None:  # presumed ended, and back after all: the tool took this long
+                self.program_counters.presumed_returned += 1
+                self._record_tool_sample(DURATION, late[0], late[1])
+                self._record_tool_sample(OUTCOME, late[0], 1.0)
         state, ret = self.programs.turn_arrived(meta.program_id, now, rank)
+        state.announces_end |= meta.announces_end
         if state.turns_arrived == 1:
             state.first_step = meta.step
             self.program_counters.seen += 1
@@ -204,6 +213,7 @@ class ContinuumController:
             self._pin(out, state, tool, context_tokens, handle, now)
         if out.pin is None:
             self.programs.let_go(pid)  # no room is kept for KV the policy itself lets go
+        self.silence.went_out(state)
         return out
 
     def _pin(self, out: FinishOutcome, state: ProgramState, tool: str, context_tokens: int, handle, now: float) -> None:
@@ -216,9 +226,16 @@ class ContinuumController:
             logger.debug("continuum: program=%s tool=%s ttl=0; no pin", pid, tool)
             return
         pin = Pin(pid, context_tokens, now + ttl, state.arrival_rank, now, handle=handle)
+        while self.pins.pinned_tokens + context_tokens > self.pins.budget_tokens:
+            stale = self.silence.stale_pin(now, self.pins, self.programs, keep=pid)
+            if stale is None:
+                break
+            self._count_shed(stale, "stale")  # away past its own pace: it gives the budget up first
+            out.release.append(stale)
         stored, released = self.pins.add(pin)
         if stored:
             self.counters.created += 1
+            self.silence.pinned(pin, state)
             out.pin = pin
             logger.debug("continuum: pin program=%s tool=%s ttl=%.3fs tokens=%d", pid, tool, ttl, context_tokens)
         else:
@@ -273,6 +290,16 @@ class ContinuumController:
             plan.released.extend(self._drop_pins(state.program_id))
             self.program_counters.forgotten += 1
             self._end_program(state, stranded=True)
+        for state in list(self.silence.due(now, self.programs)):
+            pin = self.pins.get(state.program_id)
+            if pin is not None:  # the cost model still expects it back: look again when the pin ends
+                self.silence.later(state, pin.deadline)
+                continue
+            self.programs.forget(state.program_id)
+            plan.released.extend(self._drop_pins(state.program_id))
+            self.program_counters.presumed_ended += 1
+            self._end_program(state, stranded=True)
+            self.silence.presumed(state)
         plan.host_expired = self.host_pins.pop_expired(now, hold)
         self.host_counters.host_expired += len(plan.host_expired)
         return plan
@@ -285,17 +312,22 @@ class ContinuumController:
         keep: Optional[str] = None,
         spare_waiting: Optional[Callable[[str], bool]] = None,
     ) -> Optional[Pin]:
-        """The one shed path: release the latest-arriving program's pin, optionally only one of a
-        program ranked after ``ranked_after``, never ``keep``'s, and none whose program
-        ``spare_waiting`` says has a turn waiting. ``reason`` is one of ``SHED_REASONS`` (the
-        counter it goes to). None when there is none."""
+        """The one shed path: release a stale pin (its program, whose client announces no ends,
+        stayed away past its own pace: ``silence.py``) if there is one, whatever its rank, else the
+        latest-arriving program's pin, optionally only one of a program ranked after
+        ``ranked_after``; never ``keep``'s, and none whose program ``spare_waiting`` says has a
+        turn waiting. ``reason`` is one of ``SHED_REASONS`` (the counter it goes to; a stale pin
+        counts as ``stale``). None when there is none."""
         assert reason in SHED_REASONS, reason
         spare = None if spare_waiting is None else (lambda pin: spare_waiting(pin.program_id))
-        pin = self.pins.pop_latest(ranked_after=ranked_after, keep=keep, spare=spare)
+        pin = self.silence.stale_pin(self.clock(), self.pins, self.programs, keep=keep, spare=spare)
+        counted = "stale" if pin is not None else reason
+        if pin is None:
+            pin = self.pins.pop_latest(ranked_after=ranked_after, keep=keep, spare=spare)
         if pin is not None:
-            self._count_shed(pin, reason)
+            self._count_shed(pin, counted)
             self.admission.admission_sheds += reason != "alloc"  # for a blocked turn
-            logger.debug("continuum: shed pin program=%s tokens=%d (%s)", pin.program_id, pin.tokens, reason)
+            logger.debug("continuum: shed pin program=%s tokens=%d (%s)", pin.program_id, pin.tokens, counted)
         return pin
 
     def _count_shed(self, pin: Pin, reason: str) -> None:
@@ -485,6 +517,7 @@ class ContinuumController:
         self.programs.check_integrity()
         self.stats.check_integrity()
         self.admission_control.check_integrity()
+        self.silence.check_integrity()
         for pin in self.pins:
             assert pin.tier is Tier.DEVICE, "host pin in the device table"
             assert pin.program_id in self.programs, f"pin outlives its program {pin.program_id}"
@@ -497,7 +530,7 @@ class ContinuumController:
         assert c.hits + c.expired + c.shed + c.released + c.flushed + len(self.pins) == c.created, "pin counters"
         assert self._pin_hits == sum(self._pin_outcomes), "pin survival window"
         d = self.sheds
-        assert d.admission + d.idle + d.alloc + d.budget == c.shed, "shed counters by rule"
+        assert d.admission + d.idle + d.alloc + d.budget + d.stale == c.shed, "shed counters by rule"
         assert d.while_waiting <= c.shed, "sheds while waiting"
 
     # -- internals -----------------------------------------------------------------------

@@ -43,6 +43,7 @@ class ShedCounters:
     idle: int = 0  # for a blocked turn, any pin: the engine would otherwise idle
     alloc: int = 0  # an allocation (prefill or decode) would otherwise fail
     budget: int = 0  # a new pin of an earlier program needed the pin budget
+    stale: int = 0  # ... or any new pin: a pin whose program stayed away past its own usual gaps goes first
     while_waiting: int = 0  # ... of which the program's next turn was already waiting (a certain hit lost)
     returned: int = 0  # programs whose pin was shed came back (the cost model's pin survival)
 
@@ -56,6 +57,8 @@ class ProgramCounters:
     terminal_tool: int = 0  # ended by a turn that called a terminal tool (a submit)
     released: int = 0  # ended by the client after the fact (/close_session)
     forgotten: int = 0  # dropped idle or by the registry bound
+    presumed_ended: int = 0  # silent past their own return horizon (their clients announce no ends)
+    presumed_returned: int = 0  # ... of which came back after all (served as new programs)
     not_returned: int = 0  # ended while out on a tool call: that tool's return probability falls
     seen: int = 0  # programs whose first turn seen here made a new entry
     # Ended here by a last step that carried its step number N: ``affine`` if turns 1..N all

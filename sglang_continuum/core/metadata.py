@@ -46,6 +46,7 @@ class ProgramMeta:
     tool_name: Optional[str] = None
     step: Optional[int] = None
     source: Optional[str] = None  # one of SOURCES; None: program_id if there is one (built by hand)
+    announces_end: bool = False  # the client sent a last-step flag: it will say which turn is the last
 
     @property
     def has_program(self) -> bool:
@@ -172,10 +173,12 @@ def parse_program_meta(
         return NO_PROGRAM
 
     is_last = False
+    announced = _first(params, LAST_STEP_ALIASES) is not None
     try:
         is_last = _read_bool(_first(params, LAST_STEP_ALIASES))
     except _Malformed as exc:
         report(program_id, str(exc))
+        announced = False
     tool_name = None
     try:
         tool_name = _read_tool_name(params.get(TOOL_NAME_KEY))
@@ -186,4 +189,11 @@ def parse_program_meta(
         step = _read_step(params.get(STEP_KEY))
     except _Malformed as exc:
         report(program_id, str(exc))
-    return ProgramMeta(program_id=program_id, is_last_step=is_last, tool_name=tool_name, step=step, source=source)
+    return ProgramMeta(
+        program_id=program_id,
+        is_last_step=is_last,
+        tool_name=tool_name,
+        step=step,
+        source=source,
+        announces_end=announced,
+    )

@@ -48,6 +48,9 @@ class ProgramState:
     first_step: Optional[int] = None  # the client's step number of the first turn seen here
     pin_shed: bool = False  # its last pin was shed (not expired, not hit) and it has not come back yet
     pin_lost_waiting: bool = False  # its pin was shed while its next turn waited: that turn missed
+    announces_end: bool = False  # its client flags the last step (else its end is presumed from silence)
+    longest_gap: float = 0.0  # the longest it has been away on a tool call and come back
+    gaps: int = 0  # tool calls it came back from
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +151,8 @@ class ProgramRegistry:
         if state.last_finish is not None and state.pending_tool is not None:
             ret = ToolReturn(program_id, state.pending_tool, max(0.0, now - state.last_finish))
             state.pending_tool = None
+            state.longest_gap = max(state.longest_gap, ret.seconds)
+            state.gaps += 1
         return state, ret
 
     def turn_admitted(self, program_id: str, now: float, context_tokens: int) -> Optional[ProgramState]:

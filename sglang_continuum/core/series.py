@@ -100,7 +100,8 @@ SERIES: tuple[Series, ...] = (
         "admission_sheds",
         "counter",
         "admission.admission_sheds",
-        "Pins shed so that a blocked turn ranked above them could be admitted.",
+        "Pins shed so that a blocked turn could be admitted (ranked after it, or any rank when the engine would "
+        "idle or the pin is stale).",
     ),
     Series("requests_admitted", "counter", "admission.admitted", "Requests admitted (the overtaking bound's clock)."),
     Series(
@@ -124,6 +125,13 @@ SERIES: tuple[Series, ...] = (
     ),
     Series("pin_sheds_alloc", "counter", "sheds.alloc", "Pins shed because an allocation would otherwise fail."),
     Series("pin_sheds_budget", "counter", "sheds.budget", "Pins of later programs shed for an earlier one's pin."),
+    Series(
+        "pin_sheds_stale",
+        "counter",
+        "sheds.stale",
+        "Pins shed first, whatever their rank, because their program (whose client announces no ends) "
+        "stayed away past its own pace.",
+    ),
     Series(
         "pin_sheds_while_waiting",
         "counter",
@@ -151,6 +159,18 @@ SERIES: tuple[Series, ...] = (
         "Programs ended by the client after the fact (/close_session with the program id).",
     ),
     Series("programs_forgotten", "counter", "programs.forgotten", "Programs forgotten idle or by the registry bound."),
+    Series(
+        "programs_presumed_ended",
+        "counter",
+        "programs.presumed_ended",
+        "Programs whose client announces no ends, presumed ended: away past their own return horizon.",
+    ),
+    Series(
+        "programs_presumed_returned",
+        "counter",
+        "programs.presumed_returned",
+        "Of those, programs that came back after all (served as new programs).",
+    ),
     Series(
         "programs_not_returned",
         "counter",

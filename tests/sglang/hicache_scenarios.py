@@ -29,7 +29,6 @@ CLOCK = ManualClock(1000.0)
 
 POOL = 1024
 TTL_S = 0.2
-TOOL_S = 4.0  # predictive scenario: long enough for the fillers to run before the reload is due
 HICACHE = dict(
     enable_hierarchical_cache=True,
     hicache_io_backend="direct",

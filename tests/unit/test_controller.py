@@ -184,7 +184,7 @@ def test_a_retracted_turn_waits_afresh():
     assert c.is_overdue(tag)
 
 
-def test_bound_holds_with_program_order_off():
+def test_bound_holds_in_the_pins_only_variant():
     c, clock = make(order=request_fcfs, max_overtakes=1)
     tag = c.turn_arrived(turn("p"))
     c.turn_admitted(c.turn_arrived(turn("q")), 10)

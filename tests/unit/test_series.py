@@ -15,10 +15,12 @@ from sglang_continuum.core.series import SERIES, series_name
 METRICS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 
 
-def test_every_series_is_documented_in_the_metrics_page():
-    text = METRICS_PAGE.read_text()
-    for s in SERIES:
-        assert f"`{s.name}`" in text, f"{s.name} missing from docs/metrics.md"
+def test_the_metrics_page_lists_exactly_the_series():
+    rows = [line for line in METRICS_PAGE.read_text().splitlines() if line.startswith("| `sglang:continuum_")]
+    documented = [row.split("`")[1] for row in rows]
+    assert documented == [s.name for s in SERIES], "docs/metrics.md's table is not SERIES (same order)"
+    for row, s in zip(rows, SERIES):
+        assert s.doc in row, f"{s.name}: the page's text is not the table's"
 
 
 def test_every_counter_field_is_exported_once():

@@ -31,7 +31,7 @@ A policy is a typed ``Policy``: SGLang flags, plugin settings (checked against
 ``ContinuumSettings`` when this module is imported: a misspelt name fails there) and a rule
 composition from ``variants.py`` by name. A spawned server gets it as its environment
 (``Policy.environment``); the emulator, which builds the scheduler in-process, as a settings
-object (``Policy.continuum_settings``).
+object (``Policy.setting_values``).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ server's threads were really allowed (``server_cores``).
 ``--identity routing-key`` sends only SGLang's routing key; ``--identity none`` (``--no-ids``) sends
 no program metadata at all (no ``custom_params``, ``session_id`` or routing key):
 Continuum must infer programs from the prefix. Each server (or emulated run) writes which program
-it attributed each request to (``attribution_log``); the report scores it against the truth
+it attributed each request to (its ``event_log``); the report scores it against the truth
 (precision and recall, ``bench/attribution.py``). Single servers and emulated runs only.
 
 ``--emulate PROFILE`` runs the same grid without a server: SGLang's real scheduler, radix cache

@@ -38,7 +38,7 @@ def main(path: str) -> int:
     for tool, xs in sorted(per_tool.items(), key=lambda kv: -len(kv[1])):
         ttls = []
         for b in benefits:
-            model = CostModelTTL(ContinuumSettings(cold_start_k=10), stats, PrefillProfile((b, 0.0, 0.0)))
+            model = CostModelTTL(ContinuumSettings(), stats, PrefillProfile((b, 0.0, 0.0)), cold_start_k=10)
             d = model.decide(TTLQuery(tool, 1000))
             ttls.append(f"{d.ttl:7.3f} {d.source[0]}")
         print(f"{tool:>22} {len(xs):>4} {sum(xs) / len(xs):8.3f} {max(xs):8.3f} " + " ".join(f"{t:>11}" for t in ttls))

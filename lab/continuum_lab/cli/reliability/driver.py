@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 from continuum_lab.cli.reliability.abort_storm import probe_abort_storm
 from continuum_lab.cli.reliability.bad_metadata import probe_bad_metadata
 from continuum_lab.cli.reliability.bad_stats import probe_bad_stats
+from continuum_lab.cli.reliability.chaos import probe_chaos
 from continuum_lab.cli.reliability.common import Ctx, ProbeResult
 from continuum_lab.cli.reliability.flush_cache import probe_flush_cache
 from continuum_lab.cli.reliability.many_programs import probe_many_programs
@@ -35,6 +36,7 @@ PROBES: dict[str, Callable[[Ctx], ProbeResult]] = {
     "bad_stats": probe_bad_stats,
     "many_programs": probe_many_programs,
     "pressure": probe_pressure,
+    "chaos": probe_chaos,
 }
 
 FULL = {
@@ -45,6 +47,8 @@ FULL = {
     "pressure_programs": 30,
     "pressure_turns": 9,
     "metadata_repeat": 10,
+    "chaos_s": 120.0,
+    "chaos_clients": 24,
 }
 QUICK = {
     "programs": 300,
@@ -54,6 +58,8 @@ QUICK = {
     "pressure_programs": 6,
     "pressure_turns": 3,
     "metadata_repeat": 5,
+    "chaos_s": 20.0,
+    "chaos_clients": 12,
     "many_max_s": 30.0,
     "pressure_max_s": 120.0,
     "kill_after_s": 3.0,
@@ -169,6 +175,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--kill-initial", default="", help="content of the stats file at the first start (e.g. a wrong shape)"
     )
     g.add_argument("--flush-programs", type=int)
+    g.add_argument("--chaos-s", type=float, help="chaos: seconds of overload per seed")
+    g.add_argument("--chaos-clients", type=int, help="chaos: concurrent agents")
+    g.add_argument(
+        "--chaos-seeds",
+        type=lambda v: [int(x) for x in v.split(",") if x.strip()],
+        help="chaos: comma-separated seeds, a fresh server each (default: --seed alone)",
+    )
+    g.add_argument("--chaos-fresh-max-s", type=float, default=10.0, help="chaos: a fresh program's first turn, at most")
     g.add_argument("--pressure-env", action="append", default=[], help="KEY=VALUE for the continuum server (a variant)")
     g.add_argument(
         "--pressure-seeds",
