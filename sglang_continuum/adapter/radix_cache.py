@@ -215,8 +215,14 @@ class ContinuumRadixCache(UnifiedRadixCache):
         tag = live.tag
         done = checkpointed and not aborted
         if not tag.meta.has_program:
-            if done and self.inference is not None:
-                self.inference.provisional_finished(req)  # its next turn, if any, makes it a program
+            if done and self.inference is not None:  # its next turn, if any, makes it a program
+                pid = self.inference.provisional_finished(req)
+                if pid is not None:
+                    handle = self.lock(req.last_node)
+                    outcome = self.controller.first_request_finished(
+                        pid, tag.request_rank, context_tokens=context_tokens(req), handle=handle
+                    )
+                    self._settle(outcome, handle, pid)
             return
         if done:
             # decoding the output to find the tool is skipped when the client named it or no pin follows
@@ -245,13 +251,17 @@ class ContinuumRadixCache(UnifiedRadixCache):
         """A turn's context is in the tree at ``node`` (``tokens`` long): pin it or not."""
         handle = None if meta.is_last_step else self.lock(node)
         outcome = self.controller.turn_finished(meta, context_tokens=tokens, tool=tool, handle=handle, tag=tag)
+        self._settle(outcome, handle, meta.program_id)
+        return outcome.pin
+
+    def _settle(self, outcome, handle, program_id: str) -> None:
+        """Execute a finished turn's outcome: the lock back unless it became the pin, other pins out."""
         if outcome.pin is None and handle is not None:
             self.unlock(handle)
         if outcome.ttl is not None and self.metrics is not None:
             self.metrics.observe_ttl(outcome.ttl)
         for pin in outcome.release:  # other programs' pins pushed out of the budget may go to host
-            self._release([pin], offload=pin.program_id != meta.program_id)
-        return outcome.pin
+            self._release([pin], offload=pin.program_id != program_id)
 
     def admit_turn(self, tag: TurnTag, context_tokens: int, *, host_loaded: int = 0, cached: int = 0) -> None:
         """The turn holds its own lock on its prefix now: consume its program's pin (and host pin).

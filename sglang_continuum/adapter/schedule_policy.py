@@ -113,8 +113,8 @@ class ContinuumSchedulePolicy(SchedulePolicy):
             self._rebuild = True  # the first program to arrive makes the keys matter
             return
         controller = cache.controller
-        changed = controller.pins_changed_since(self._pins_version)
-        self._pins_version = controller.pins_version
+        changed = controller.pins.changed_since(self._pins_version)
+        self._pins_version = controller.pins.version
         self._steps += 1
         if self._steps % AUDIT_EVERY == 0 and not self._sorted(queue[:cut]):
             logger.warning("continuum: waiting queue found out of order; re-sorting")

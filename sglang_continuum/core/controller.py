@@ -48,6 +48,7 @@ from sglang_continuum.core.turns import AdmissionRecord, FinishOutcome, StepPlan
 
 logger = logging.getLogger(__name__)
 SURVIVAL_WINDOW = 256  # pin outcomes (hit, or shed and its program came back) pin survival reads
+FIRST_REQUEST = "(first request)"  # the "tool" after a request of no program: its client's next turn, if any
 
 
 class ContinuumController:
@@ -216,6 +217,20 @@ class ContinuumController:
         self.silence.went_out(state)
         return out
 
+    def first_request_finished(
+        self, program_id: str, rank: int, *, context_tokens: int, handle: object = None
+    ) -> FinishOutcome:
+        """A request of no program (``rank``: its arrival) finished: it may have been a program's first
+        turn, from a client that sends no id. It is registered as that program's first turn, out on a
+        ``FIRST_REQUEST`` call, and pinned as the cost model decides: its return probability learns
+        how often such requests are continued, so single-shot traffic soon pins nothing; a program
+        that never comes back is presumed ended (``silence.py``)."""
+        now = self.clock()
+        self.programs.turn_arrived(program_id, now, rank)
+        self.programs.turn_admitted(program_id, now, context_tokens)
+        meta = ProgramMeta(program_id, tool_name=FIRST_REQUEST)
+        return self.turn_finished(meta, context_tokens=context_tokens, handle=handle)
+
     def _pin(self, out: FinishOutcome, state: ProgramState, tool: str, context_tokens: int, handle, now: float) -> None:
         """Ask the TTL model how long to keep the finished turn's prefix and pin it for that long
         (``out.pin``; ``out.release``: later programs' pins pushed out of the budget)."""
@@ -364,15 +379,6 @@ class ContinuumController:
         self.admission_control.return_loss.reset()  # the flush, not the load, took those contexts
 
     # -- queue order and admission -------------------------------------------------------
-    @property
-    def pins_version(self) -> int:
-        """Changes whenever a device pin is added or removed (a waiting turn's key may change)."""
-        return self.pins.version
-
-    def pins_changed_since(self, version: int) -> Optional[set[str]]:
-        """Programs whose device pin came or went after ``version`` (None: assume all did)."""
-        return self.pins.changed_since(version)
-
     def priority_key(self, tag: TurnTag, retracted: bool) -> tuple:
         """The waiting request's key in the rules' order (by default program-level FCFS with
         bounded waiting, ``priority.py``)."""
