@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The main job: set up (idempotent, cached), then compare fcfs / lpm (SGLang's stock policies) with
-# continuum over 3 seeds, interleaved, in two parts that say what they are:
+# continuum over seeds, interleaved, in two parts that say what they are:
 #   1. PREDICTED at GPU scale: the emulator (SGLang 0.5.23's real scheduler and this plugin in
 #      virtual time, H100 + Llama-3.1-8B step latencies), 120 SWE-bench-like programs at 0.1
-#      programs/s, where the KV pool is contended;
-#   2. MEASURED on this machine: real SGLang servers on CPU with the embedded tiny model, fcfs vs
-#      continuum, 12 programs of the prefill-heavy SWE-like workload, a KV pool of ~3 program
-#      contexts (lpm is left to part 1: each real run costs ~35 s of server start-up on 2 cores).
-# Then it prints a summary (ratios, spread, worst seed, pins, where the plots are). About 10-12
-# minutes on 2 cores. DEMO_OUT=dir to write elsewhere (default out/demo).
+#      programs/s, where the KV pool is contended; 3 seeds;
+#   2. MEASURED on this machine: real SGLang servers on CPU with the embedded tiny model, fcfs, lpm
+#      and continuum, 24 programs of the prefill-heavy SWE-like workload arriving at 3/s on a KV
+#      pool of ~6 program contexts: the regime where the stock policies fall into the re-prefill
+#      spiral (docs/results/thrash-cpu/); 2 seeds (each real run costs ~35 s of server start-up).
+# Then it prints a summary (ratios, spread, worst seed, pins, where the plots are). About 14 minutes
+# on 2 cores once set up. DEMO_OUT=dir to write elsewhere (default out/demo).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -25,7 +26,7 @@ $BENCH --emulate configs/profiles/h100-sglang-llama-3.1-8b.json --workload "$OUT
   --jps 0.1 --seeds 1,2,3 --policies fcfs,lpm,continuum --jobs 2 --summary-only --out "$OUT/emulated"
 
 echo "[demo] part 2/2: MEASURED on this machine (real SGLang servers on CPU, tiny model)"
-$BENCH --workload workloads/swe-cpu-prefill.jsonl --model .models/tiny-llama --policies fcfs,continuum \
-  --jps 1 --pool-programs 3 --programs 12 --seeds 1,2,3 --out "$OUT/measured"
+$BENCH --workload workloads/swe-cpu-prefill-72.jsonl --model .models/tiny-llama --policies fcfs,lpm,continuum \
+  --jps 3 --pool-programs 6 --programs 24 --seeds 1,2 --out "$OUT/measured"
 
 $PY -m continuum_lab.cli.demo "$OUT"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 14's reliability suite against live CPU servers (one at a time, 127.0.0.1 only): bad
 # metadata, out-of-vocabulary ids, /flush_cache with live pins, abort storms, SIGKILL restarts, bad
-# stats paths and contents, many program ids, pressure (fcfs vs continuum). Writes
+# stats paths and contents, many program ids, pressure (fcfs vs continuum), chaos (overload with
+# clients that give up, retractions, queue-limit rejections, under strict checks). Writes
 # docs/results/reliability/report.{json,md}; arguments go to the suite (--probes a,b --quick
 # --out DIR --merge ...; see --help).
 set -euo pipefail
