@@ -67,19 +67,18 @@ class ProgramInference:
             self._log.attributed(req.rid, logged, meta.source)
         return meta
 
-    def provisional_finished(self, req: "Req") -> Optional[str]:
+    def provisional_finished(self, req: "Req") -> None:
         """A request with no program finished with its KV in the tree: remember its context under
-        its provisional id (bounded, oldest first), in case a next turn continues it; that id."""
+        its provisional id (bounded, oldest first), in case a next turn continues it."""
         pid = getattr(req, PROVISIONAL_ATTR, None)
         if pid is None:
-            return None
+            return
         self._record(pid, req)
         latest = next(reversed(self._provisional.values()), 0.0)
         self._provisional[pid] = max(self._clock(), latest)  # kept in time order
         while len(self._provisional) > self.index.max_programs:
             self.index.forget(self._provisional.popitem(last=False)[0])
         self._expire()
-        return pid
 
     def _expire(self) -> None:
         cutoff = self._clock() - PROVISIONAL_TTL_S

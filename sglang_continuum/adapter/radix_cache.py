@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from typing import Callable, Iterable, Optional
 
+from sglang.srt.constants import HEALTH_CHECK_RID_PREFIX
 from sglang.srt.environ import envs
 from sglang.srt.managers.schedule_batch import FINISH_ABORT, Req
 from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle, CacheRequestOutcome, EvictParams, EvictResult
@@ -169,7 +170,8 @@ class ContinuumRadixCache(UnifiedRadixCache):
             self.controller.turn_requeued(live.tag, waiting_ahead=waiting_ahead)
             return live.tag
         meta = read_program_meta(req, self.report_malformed)
-        if not meta.has_program and self.inference is not None:
+        # SGLang's own health probes (/health_generate) are nobody's turn: never remembered
+        if not meta.has_program and self.inference is not None and not req.rid.startswith(HEALTH_CHECK_RID_PREFIX):
             meta = self.inference.attribute(req)
         tag = self.controller.turn_arrived(meta, waiting_ahead=waiting_ahead)
         set_tag(req, tag)
@@ -215,14 +217,8 @@ class ContinuumRadixCache(UnifiedRadixCache):
         tag = live.tag
         done = checkpointed and not aborted
         if not tag.meta.has_program:
-            if done and self.inference is not None:  # its next turn, if any, makes it a program
-                pid = self.inference.provisional_finished(req)
-                if pid is not None:
-                    handle = self.lock(req.last_node)
-                    outcome = self.controller.first_request_finished(
-                        pid, tag.request_rank, context_tokens=context_tokens(req), handle=handle
-                    )
-                    self._settle(outcome, handle, pid)
+            if done and self.inference is not None:
+                self.inference.provisional_finished(req)  # its next turn, if any, makes it a program
             return
         if done:
             # decoding the output to find the tool is skipped when the client named it or no pin follows
@@ -251,17 +247,13 @@ class ContinuumRadixCache(UnifiedRadixCache):
         """A turn's context is in the tree at ``node`` (``tokens`` long): pin it or not."""
         handle = None if meta.is_last_step else self.lock(node)
         outcome = self.controller.turn_finished(meta, context_tokens=tokens, tool=tool, handle=handle, tag=tag)
-        self._settle(outcome, handle, meta.program_id)
-        return outcome.pin
-
-    def _settle(self, outcome, handle, program_id: str) -> None:
-        """Execute a finished turn's outcome: the lock back unless it became the pin, other pins out."""
         if outcome.pin is None and handle is not None:
             self.unlock(handle)
         if outcome.ttl is not None and self.metrics is not None:
             self.metrics.observe_ttl(outcome.ttl)
         for pin in outcome.release:  # other programs' pins pushed out of the budget may go to host
-            self._release([pin], offload=pin.program_id != program_id)
+            self._release([pin], offload=pin.program_id != meta.program_id)
+        return outcome.pin
 
     def admit_turn(self, tag: TurnTag, context_tokens: int, *, host_loaded: int = 0, cached: int = 0) -> None:
         """The turn holds its own lock on its prefix now: consume its program's pin (and host pin).

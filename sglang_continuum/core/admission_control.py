@@ -7,15 +7,15 @@ agent contexts grow, so a first turn is a fraction of what its program will need
 turn waits for room like any other (bounded waiting orders the queue; it does not open the door,
 and an open door is how the wave that thrashes the pool gets in), but it waits first: while an
 overdue first turn is held, the first turns behind it in the queue wait too, so that smaller new
-programs cannot take, one after another, the room it waits for. A program found by its prefix
-(a client that sends no id) meets the door at its first turn as a program, its second request: its
-first was served as a request of no program. Later turns and requests without a program are never
-held, and the adapter never holds a turn when holding it would idle the engine.
+programs cannot take, one after another, the room it waits for. Later turns, continuations found
+by prefix and requests without a program id are never held, and the adapter never holds a turn
+when holding it would idle the engine.
 """
 
 from __future__ import annotations
 
 from sglang_continuum.core.counters import AdmissionCounters
+from sglang_continuum.core.metadata import SOURCE_INFERRED
 from sglang_continuum.core.programs import ProgramRegistry
 from sglang_continuum.core.return_loss import ReturnLossMeter
 from sglang_continuum.core.turns import TurnTag
@@ -50,7 +50,7 @@ class AdmissionControl:
         working set learns of them only once the batch is formed; without them every first turn of
         a selection would see the same room, and a wave of new programs would pass together);
         ``behind_overdue``: an overdue first turn ahead of it in the queue is held."""
-        if not self.enabled or idle or not tag.meta.has_program:
+        if not self.enabled or idle or not tag.meta.has_program or tag.meta.source == SOURCE_INFERRED:
             return False
         state = self.programs.get(tag.meta.program_id)
         if state is None or state.turns_admitted > 0:

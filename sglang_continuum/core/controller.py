@@ -48,7 +48,6 @@ from sglang_continuum.core.turns import AdmissionRecord, FinishOutcome, StepPlan
 
 logger = logging.getLogger(__name__)
 SURVIVAL_WINDOW = 256  # pin outcomes (hit, or shed and its program came back) pin survival reads
-FIRST_REQUEST = "(first request)"  # the "tool" after a request of no program: its client's next turn, if any
 
 
 class ContinuumController:
@@ -216,20 +215,6 @@ class ContinuumController:
             self.programs.let_go(pid)  # no room is kept for KV the policy itself lets go
         self.silence.went_out(state)
         return out
-
-    def first_request_finished(
-        self, program_id: str, rank: int, *, context_tokens: int, handle: object = None
-    ) -> FinishOutcome:
-        """A request of no program (``rank``: its arrival) finished: it may have been a program's first
-        turn, from a client that sends no id. It is registered as that program's first turn, out on a
-        ``FIRST_REQUEST`` call, and pinned as the cost model decides: its return probability learns
-        how often such requests are continued, so single-shot traffic soon pins nothing; a program
-        that never comes back is presumed ended (``silence.py``)."""
-        now = self.clock()
-        self.programs.turn_arrived(program_id, now, rank)
-        self.programs.turn_admitted(program_id, now, context_tokens)
-        meta = ProgramMeta(program_id, tool_name=FIRST_REQUEST)
-        return self.turn_finished(meta, context_tokens=context_tokens, handle=handle)
 
     def _pin(self, out: FinishOutcome, state: ProgramState, tool: str, context_tokens: int, handle, now: float) -> None:
         """Ask the TTL model how long to keep the finished turn's prefix and pin it for that long

@@ -85,31 +85,3 @@ def test_a_stale_pin_gives_the_budget_up_before_any_live_program_whatever_its_ra
     assert c2.shed("alloc").handle == "old1.0" and c2.sheds.stale == 1
     assert c2.shed("alloc").handle == "latest"  # then the usual order
     c2.check_integrity()
-
-
-def test_a_first_request_is_a_program_turn_its_continuation_finds_pinned():
-    # a client that sends no id: its first request is registered as a program's first turn (rank:
-    # its arrival) and pinned; its continuation (found by prefix) hits the pin
-    c, clock = controller(fixed_ttl_s=5.0)
-    out = c.first_request_finished("inferred-1", rank=3, context_tokens=500, handle="h")
-    assert out.pin is not None and c.programs.get("inferred-1").arrival_rank == 3
-    clock.advance(1.0)
-    tag = c.turn_arrived(ProgramMeta("inferred-1", source="inferred"))
-    assert not tag.returning_miss and tag.program_rank == 3
-    assert c.turn_admitted(tag, 600).handle == "h" and c.counters.hits == 1
-    assert c.stats.tool("(first request)").samples() == [1.0]  # how long its client took to come back
-    c.check_integrity()
-
-
-def test_single_shot_traffic_teaches_that_first_requests_are_not_continued():
-    # requests that never come back are presumed ended: the return probability after a first
-    # request falls, and the cost model stops pinning them
-    c, clock = controller("cost", cold_start_k=5)
-    c.ttl_model.queue_delay.add(5.0)  # a miss costs 5 s: pins pay while requests come back
-    for i in range(30):
-        c.first_request_finished(f"single-{i}", rank=i, context_tokens=2000)
-        clock.advance(70.0)  # past the cold horizon: presumed ended, not continued
-        c.step(lambda pid: False)
-    assert c.program_counters.presumed_ended == 30
-    assert c.stats.return_probability("(first request)") < 0.1
-    assert c.first_request_finished("single-x", rank=99, context_tokens=2000, handle="h").pin is None
