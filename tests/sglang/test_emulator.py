@@ -7,6 +7,7 @@ Each run is a fresh ``python -m continuum_lab.emulator.run`` process (as ``conti
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -114,8 +115,11 @@ def test_continuum_runs_are_deterministic_and_return_every_kv_slot(tmp_path, pre
     pool = int(2.5 * sum(p.context_tokens for p in programs) / len(programs))
     # a fixed TTL, so that pins are made and hit: with these short contexts (misses cost ~0.1 s)
     # and ~1 s tools the cost model rightly pins nothing
-    a = _emulate(tmp_path, workload, "continuum-fixed", pool=pool, jps=2.0, seed=1, name="a")
-    b = _emulate(tmp_path, workload, "continuum-fixed", pool=pool, jps=2.0, seed=1, name="b")
+    # side by side on the machine's two cores: virtual time does not see the contention
+    with ThreadPoolExecutor(2) as pool_:
+        a, b = pool_.map(
+            lambda name: _emulate(tmp_path, workload, "continuum-fixed", pool=pool, jps=2.0, seed=1, name=name), "ab"
+        )
     assert a["replay"] == b["replay"]
     turns = _turns(a)
     assert len(turns) == sum(len(p.turns) for p in programs)
@@ -133,7 +137,14 @@ def test_continuum_runs_are_deterministic_and_return_every_kv_slot(tmp_path, pre
 def test_under_pressure_continuum_keeps_more_of_the_next_turns_context_than_fcfs(tmp_path, pressure_workload):
     workload, programs = pressure_workload
     pool = int(2.5 * sum(p.context_tokens for p in programs) / len(programs))
-    runs = {p: _emulate(tmp_path, workload, p, pool=pool, jps=2.0, seed=1, name=p) for p in ("fcfs", "continuum")}
+    with ThreadPoolExecutor(2) as pool_:
+        policies = ("fcfs", "continuum")
+        runs = dict(
+            zip(
+                policies,
+                pool_.map(lambda p: _emulate(tmp_path, workload, p, pool=pool, jps=2.0, seed=1, name=p), policies),
+            )
+        )
     later = {p: [t for t in _turns(r) if t["turn"] > 0] for p, r in runs.items()}
     hit = {p: sum(t["cached_tokens"] for t in ts) / sum(t["prompt_tokens"] for t in ts) for p, ts in later.items()}
     assert hit["continuum"] > hit["fcfs"]

@@ -51,6 +51,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def port_is_free(port: int) -> bool:
+    """Nobody listens on ``port`` (connections of a server just gone, in TIME_WAIT, do not count:
+    uvicorn binds with SO_REUSEADDR too)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 class SGLangServer:
     """``with SGLangServer(model, ["--schedule-policy", "continuum"]) as srv: srv.url``"""
 
@@ -107,6 +119,8 @@ class SGLangServer:
                 self.cmd[self.cmd.index("--port") + 1] = str(self.port)
 
     def _start_once(self) -> "SGLangServer":
+        if not port_is_free(self.port):  # taken already: no need to wait ~20 s for the launcher to find out
+            raise PortTaken(self.port)
         # with no log_path the log goes to a temp file, kept only when it explains a failure
         scratch = self.log_path is None
         if scratch:
