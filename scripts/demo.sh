@@ -8,7 +8,7 @@
 #      and continuum, 24 programs of the prefill-heavy SWE-like workload arriving at 3/s on a KV
 #      pool of ~6 program contexts: the regime where the stock policies fall into the re-prefill
 #      spiral (docs/results/thrash-cpu/); 2 seeds (each real run costs ~35 s of server start-up).
-# Then it prints a summary (ratios, spread, worst seed, pins, where the plots are). About 14 minutes
+# Then it prints a summary (ratios, spread, worst seed, pins, where the plots are). About 19 minutes
 # on 2 cores once set up. DEMO_OUT=dir to write elsewhere (default out/demo).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
