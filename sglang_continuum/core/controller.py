@@ -287,18 +287,16 @@ class ContinuumController:
             self.programs.let_go(pin.program_id)
         self.programs.forget_idle(now)
         for state in self.programs.drain_forgotten():
-            plan.released.extend(self._drop_pins(state.program_id))
             self.program_counters.forgotten += 1
-            self._end_program(state, stranded=True)
+            self._drop_program(state, plan)
         for state in list(self.silence.due(now, self.programs)):
             pin = self.pins.get(state.program_id)
             if pin is not None:  # the cost model still expects it back: look again when the pin ends
                 self.silence.later(state, pin.deadline)
                 continue
             self.programs.forget(state.program_id)
-            plan.released.extend(self._drop_pins(state.program_id))
             self.program_counters.presumed_ended += 1
-            self._end_program(state, stranded=True)
+            self._drop_program(state, plan)
             self.silence.presumed(state)
         plan.host_expired = self.host_pins.pop_expired(now, hold)
         self.host_counters.host_expired += len(plan.host_expired)
@@ -544,6 +542,11 @@ class ContinuumController:
             return []
         self.host_counters.host_released += 1
         return [pin]
+
+    def _drop_program(self, state: ProgramState, plan: StepPlan) -> None:
+        """A program left the registry without a last step: what it held goes, and it ends stranded."""
+        plan.released.extend(self._drop_pins(state.program_id))
+        self._end_program(state, stranded=True)
 
     def _end_program(self, state: Optional[ProgramState], *, stranded: bool) -> None:
         """A program ended (last step) or was forgotten: N = its finished turns feeds eta. One

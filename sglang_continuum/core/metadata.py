@@ -173,9 +173,10 @@ def parse_program_meta(
         return NO_PROGRAM
 
     is_last = False
-    announced = _first(params, LAST_STEP_ALIASES) is not None
+    last_step = _first(params, LAST_STEP_ALIASES)
+    announced = last_step is not None
     try:
-        is_last = _read_bool(_first(params, LAST_STEP_ALIASES))
+        is_last = _read_bool(last_step)
     except _Malformed as exc:
         report(program_id, str(exc))
         announced = False
