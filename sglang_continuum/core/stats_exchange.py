@@ -5,16 +5,27 @@ Each worker binds one PUB socket (``stats_publish_endpoint``) and connects one S
 peers (``stats_peer_endpoints``; the list may name the worker's own endpoint: its own messages
 are ignored, so every worker can be given the same list). At most every ``interval_s`` a worker
 publishes the samples it recorded since its last message (at least a heartbeat every
-``HEARTBEAT_S``) and merges what its peers sent. When it hears a peer it has not heard before, it
-publishes its recent history once, which is how a late or restarted worker gets warm.
+``HEARTBEAT_S``) and merges what its peers sent. Its recent history (the last ``history``
+samples) is what it re-sends: at once when it hears a peer it has not heard before, which is how a
+late or restarted worker gets warm, and again whenever a peer says it is missing some of it.
+
+PUB/SUB loses what is published before a subscriber has connected (the "slow joiner") and what
+overflows a full queue, so every message also says which of its sender's samples can still be had
+(``f``: the oldest sequence number in its history) and the newest one published (``h``). A worker
+that, after merging, still lacks some sample in that range puts the peer in its own next message
+with the last sequence number up to which it has everything (``n``: ``{origin: seq}``); the peer
+then re-sends its history after that number, at most once every ``HEARTBEAT_S``. A worker that
+has everything asks for nothing, so a caught-up fleet exchanges heartbeats only.
 
 Loss-tolerant by construction: sends and receives are non-blocking and bounded per call, PUB drops
 for a subscriber whose queue is full, and nothing ever waits on a peer, so a slow or dead peer
 costs nothing but its samples. Merging is bounded too: each poll hands out at most
-``max_merge_per_poll`` samples, so a newcomer's burst of histories spreads over several steps. Every sample carries ``(origin, seq)``; per origin the receiver
-keeps the interval of sequence numbers it has merged and takes only samples outside it, so a
-sample repeated by history messages is merged at most once (a gap left by a dropped message stays
-a gap).
+``max_merge_per_poll`` samples, so a newcomer's burst of histories spreads over several steps.
+Every sample carries ``(origin, seq)``; per origin the receiver keeps the sequence number up to
+which it has merged everything, plus (at most ``history``) ones merged above a gap, and takes only
+samples it has not merged, so a sample repeated by re-sends is merged at most once. A gap is
+filled by a re-send while its samples are still in the sender's history; one older than that is
+given up.
 
 Nothing here knows SGLang: the controller hands samples in (``record``) and merges what ``poll``
 returns; the adapter calls ``poll`` from the scheduler's step and idle loop.
@@ -26,7 +37,7 @@ import logging
 import math
 import uuid
 from collections import OrderedDict, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 import orjson
@@ -54,17 +65,40 @@ class ExchangeCounters:
 
 @dataclass(slots=True)
 class _Peer:
-    lo: Optional[int] = None  # merged sequence numbers span [lo, hi]
-    hi: Optional[int] = None
+    done: int = 0  # every sequence number up to here is merged (or no longer to be had)
+    ahead: set[int] = field(default_factory=set)  # merged above ``done``, past a gap
+    latest: int = 0  # the newest sequence number the peer says it has published
     heard: float = -math.inf
 
-    def take(self, seq: int) -> bool:
-        """Whether ``seq`` is new (outside the merged interval); widens the interval."""
-        if self.lo is not None and self.lo <= seq <= self.hi:
+    def take(self, seq: int, max_ahead: int) -> bool:
+        """Whether ``seq`` is new (not merged yet); marks it merged."""
+        if seq == self.done + 1 and not self.ahead:  # in order: the usual case
+            self.done = seq
+            return True
+        if seq <= self.done or seq in self.ahead:
             return False
-        self.lo = seq if self.lo is None else min(self.lo, seq)
-        self.hi = seq if self.hi is None else max(self.hi, seq)
+        self.ahead.add(seq)
+        self._settle(self.done)
+        if len(self.ahead) > max_ahead:  # too many gaps below: give the lowest one up
+            self._settle(min(self.ahead))
         return True
+
+    def gone_before(self, first: int) -> None:
+        """The peer's history starts at ``first``: what is older can no longer be had."""
+        if first - 1 > self.done:
+            self._settle(first - 1)
+
+    def missing(self) -> bool:
+        return self.latest > self.done
+
+    def _settle(self, done: int) -> None:
+        ahead = self.ahead
+        if done > self.done:
+            ahead.difference_update([seq for seq in ahead if seq <= done])
+        while done + 1 in ahead:
+            done += 1
+            ahead.remove(done)
+        self.done = done
 
 
 class StatsExchange:
@@ -96,6 +130,7 @@ class StatsExchange:
         self.max_merge_per_poll = max_merge_per_poll
         self.max_inbox = max_inbox
         self.max_peers = max_peers
+        self.max_ahead = max(history, 1)
         self.counters = ExchangeCounters()
         self._context = zmq.Context()
         self._pub = self._sub = None
@@ -116,7 +151,8 @@ class StatsExchange:
         self._history: deque[tuple[int, str, str, float]] = deque(maxlen=history)  # what a newcomer gets
         self._peers: OrderedDict[str, _Peer] = OrderedDict()
         self._inbox: deque[Sample] = deque()  # received, not yet handed out (merging is bounded per poll)
-        self._send_history = False
+        self._resend_after: Optional[int] = None  # re-send the history after this sequence number
+        self._next_resend = -math.inf
         self._next_poll = -math.inf
         self._next_heartbeat = -math.inf
 
@@ -171,24 +207,32 @@ class StatsExchange:
         seqs = [s[0] for s in self._history]
         assert seqs == sorted(set(seqs)), "stats history out of order"
         for peer in self._peers.values():
-            assert (peer.lo is None) == (peer.hi is None) and (peer.lo is None or peer.lo <= peer.hi), "peer interval"
+            assert peer.done >= 0 and len(peer.ahead) <= self.max_ahead, "peer's merged sequence numbers"
+            assert all(seq > peer.done + 1 for seq in peer.ahead), "peer's gap not settled"
 
     # -- internals -------------------------------------------------------------------------
     def _publish(self, now: float) -> None:
         if self._pub is None:
             return
-        if self._send_history:
-            samples = list(self._history)
-            self._send_history = False
-        elif self._outbox or now >= self._next_heartbeat:
-            samples = list(self._outbox)
-        else:
+        resend = self._resend_after is not None and now >= self._next_resend
+        if not (resend or self._outbox or now >= self._next_heartbeat):
             return
+        samples = list(self._outbox)
+        if resend:  # the history after what the peers have, up to the outbox (sent anyway)
+            after, end = self._resend_after, samples[0][0] if samples else self._seq + 1
+            samples = [s for s in self._history if after < s[0] < end] + samples
+            self._resend_after = None
+            self._next_resend = now + HEARTBEAT_S
         self.counters.sent += len(self._outbox)
         self._outbox.clear()
         self._next_heartbeat = now + HEARTBEAT_S
+        first = self._history[0][0] if self._history else self._seq + 1
+        msg = {"o": self.origin, "s": samples, "f": first, "h": self._seq}
+        missing = {o: p.done for o, p in self._peers.items() if p.missing() and now - p.heard <= ALIVE_S}
+        if missing:
+            msg["n"] = missing
         try:
-            self._pub.send(orjson.dumps({"o": self.origin, "s": samples}), self._zmq.NOBLOCK)
+            self._pub.send(orjson.dumps(msg), self._zmq.NOBLOCK)
         except self._zmq.ZMQError:  # PUB drops rather than blocks; anything else loses one message
             logger.debug("continuum: stats message not sent", exc_info=True)
 
@@ -217,22 +261,43 @@ class StatsExchange:
         peer = self._peers.get(origin)
         if peer is None:
             peer = self._peers[origin] = _Peer()
-            self._send_history = bool(self._history)  # a newcomer: it gets what we know
+            self._want_resend(0)  # a newcomer: it gets what we know
             while len(self._peers) > self.max_peers:
                 self._peers.popitem(last=False)
         else:
             self._peers.move_to_end(origin)
         peer.heard = now
         for item in samples:
-            sample = _read_sample(item)
-            if sample is None:
+            seq = item[0] if isinstance(item, list) and item else None
+            if not _is_int(seq) or seq < 1:
                 self.counters.malformed += 1
-            elif peer.take(sample[0]):
-                if len(self._inbox) >= self.max_inbox:
+            elif peer.take(seq, self.max_ahead):  # an unreadable sample is not asked for again
+                sample = _read_sample(item)
+                if sample is None:
+                    self.counters.malformed += 1
+                elif len(self._inbox) >= self.max_inbox:
                     self.counters.dropped += 1
                 else:
                     self._inbox.append(sample[1:])
                     self.counters.received += 1
+        first, latest, missing = msg.get("f"), msg.get("h"), msg.get("n")
+        if _is_int(first):
+            peer.gone_before(first)
+        if _is_int(latest):
+            peer.latest = max(peer.latest, latest)
+        if isinstance(missing, dict):
+            done = missing.get(self.origin)
+            if _is_int(done):
+                self._want_resend(done)
+
+    def _want_resend(self, after: int) -> None:
+        """A peer lacks some of our samples after ``after``: re-send them (at the next allowed poll)."""
+        if self._history and after < self._seq:
+            self._resend_after = after if self._resend_after is None else min(self._resend_after, after)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _read_sample(item) -> Optional[tuple[int, str, str, float]]:

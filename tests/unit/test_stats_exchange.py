@@ -6,6 +6,7 @@ import sys
 import textwrap
 import time
 
+import orjson
 import pytest
 import zmq
 
@@ -30,12 +31,14 @@ def worker(publish, peers, **kw):
     return controller, exchange
 
 
-def pump(pairs, until, deadline_s=DEADLINE_S):
+def pump(pairs, until, deadline_s=DEADLINE_S, relay=None):
     """Poll every (controller, exchange) until ``until()`` holds; False at the deadline."""
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
         for controller, exchange in pairs:
             controller.merge_peer_samples(exchange.poll(time.monotonic()))
+        if relay is not None:
+            relay.forward()
         if until():
             return True
         time.sleep(0.01)
@@ -53,6 +56,41 @@ def run_program(controller, pid, tool, tool_s):
 def samples(controller, tool):
     window = controller.stats.tool(tool)
     return sorted(window.samples()) if window is not None else []
+
+
+class Relay:
+    """A's messages reach B only through here: a SUB that the test connects to A's endpoint when it
+    chooses (until then B has no route to A), and a PUB that B subscribes to. ``drop`` picks the
+    messages that are lost on the way; ``seen`` keeps every message that came through."""
+
+    def __init__(self, upstream):
+        ctx = zmq.Context.instance()
+        self.upstream, self.endpoint = upstream, endpoint()
+        self.sub, self.pub = ctx.socket(zmq.SUB), ctx.socket(zmq.PUB)
+        for sock in (self.sub, self.pub):
+            sock.setsockopt(zmq.LINGER, 0)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.pub.bind(self.endpoint)
+        self.drop = lambda msg: False
+        self.seen = []
+
+    def connect(self):
+        self.sub.connect(self.upstream)
+
+    def forward(self):
+        while True:
+            try:
+                raw = self.sub.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            msg = orjson.loads(raw)
+            self.seen.append(msg)
+            if not self.drop(msg):
+                self.pub.send(raw)
+
+    def close(self):
+        self.sub.close(linger=0)
+        self.pub.close(linger=0)
 
 
 @pytest.fixture
@@ -191,3 +229,60 @@ def test_a_burst_is_merged_a_bounded_slice_per_poll(closing):
     while not merged_all() and time.monotonic() < end:
         time.sleep(0.01)
     assert len(samples(b, "ls")) == 200 and max(sizes) == 64 and sum(sizes) == 400
+
+
+def test_a_history_resend_lost_before_the_peer_connected_is_sent_again(closing):
+    """The slow joiner: A publishes its samples and hears B while B's SUB has no route to A, so A's
+    live messages and its history re-send for the newcomer B are lost. B still gets every sample."""
+    ea, eb = endpoint(), endpoint()
+    relay = Relay(ea)
+    closing(relay)
+    a, xa = worker(ea, [eb])
+    b, xb = worker(eb, [relay.endpoint])
+    closing(xa), closing(xb)
+    for i in range(10):
+        run_program(a, f"p{i}", "grep", 0.5 * (i + 1))  # 20 samples in A's history
+    # A publishes them, hears B (new: its history goes out at once) -- and B hears nothing of it
+    assert pump([(a, xa), (b, xb)], lambda: xa.peers_alive(time.monotonic()) == 1)
+    assert xa.counters.sent == 20 and xb.counters.received == 0
+    relay.connect()  # B's route to A comes up only now
+    assert pump([(a, xa), (b, xb)], lambda: xb.counters.received == xa.counters.sent, relay=relay), (
+        xa.counters,
+        xb.counters,
+    )
+    assert samples(b, "grep") == samples(a, "grep")  # each sample merged exactly once
+    # caught up: in-flight requests settle, then A sends heartbeats only (no history every period)
+    pump([(a, xa), (b, xb)], lambda: False, deadline_s=1.0, relay=relay)
+    relay.seen.clear()
+    pump([(a, xa), (b, xb)], lambda: False, deadline_s=1.5, relay=relay)
+    assert relay.seen and all(msg["s"] == [] for msg in relay.seen), relay.seen
+    assert xb.counters.received == xa.counters.sent == 20 and len(samples(b, "grep")) == 10
+    xa.check_integrity(), xb.check_integrity()
+
+
+def test_a_message_lost_mid_stream_is_filled_from_the_history(closing):
+    ea, eb = endpoint(), endpoint()
+    relay = Relay(ea)
+    closing(relay)
+    relay.connect()
+    a, xa = worker(ea, [eb])
+    b, xb = worker(eb, [relay.endpoint])
+    closing(xa), closing(xb)
+    now = time.monotonic
+    assert pump([(a, xa), (b, xb)], lambda: xa.peers_alive(now()) == 1 and xb.peers_alive(now()) == 1, relay=relay)
+    for i in range(5):
+        run_program(a, f"p{i}", "make", 1.0 + i)
+    assert pump([(a, xa), (b, xb)], lambda: xb.counters.received == 10, relay=relay)
+    lost = []
+    relay.drop = lambda msg: bool(msg["s"]) and not lost and not lost.append(msg)  # the next samples
+    for i in range(5, 10):
+        run_program(a, f"p{i}", "make", 1.0 + i)
+    assert pump([(a, xa), (b, xb)], lambda: bool(lost), relay=relay)
+    for i in range(10, 15):
+        run_program(a, f"p{i}", "make", 1.0 + i)  # the samples after the gap arrive
+    assert pump([(a, xa), (b, xb)], lambda: xb.counters.received == xa.counters.sent == 30, relay=relay), (
+        xa.counters,
+        xb.counters,
+    )
+    assert samples(b, "make") == samples(a, "make") and len(samples(b, "make")) == 15
+    xa.check_integrity(), xb.check_integrity()
