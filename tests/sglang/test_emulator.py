@@ -235,6 +235,7 @@ def test_hicache_an_expired_pins_prefix_comes_back_from_host_and_its_step_pays_t
     p = next(r for r in run["replay"]["programs"] if r["program_id"] == "p")
     t2 = p["turns"][1]
     assert t2["cached_tokens"] >= loaded and t2["queue_time_s"] == 0.0
+    assert t2["cached_host_tokens"] == loaded  # the turn's cached prefix by tier
     prompt, cached = t2["prompt_tokens"], t2["cached_tokens"]
     expected = (
         model.prefill_seconds([(prompt - cached, cached)])
@@ -258,3 +259,48 @@ def test_hicache_size_is_translated_to_the_same_host_pool_in_tokens():
         "2.0",
     ]
     assert hicache_flags(["--hicache-ratio", "3"], 1000, 1) == ["--hicache-ratio", "3"]
+
+
+def test_bench_sessions_keeps_n_sessions_in_flight_and_reports_the_window(tmp_path):
+    """The field's protocol: N sessions at once, a session that ends replaced at once by the next
+    of the trace (later passes renamed), gaps capped, figures over the window after the warm-up;
+    ``+hicache-write-back`` reaches SGLang as its write policy."""
+    from continuum_lab.cli.bench import main
+
+    trace = [
+        Program(
+            program_id=f"p{i}",
+            turns=[
+                Turn(append_tokens=400 + 100 * i, output_tokens=8, tool="bash", tool_duration_s=30.0),
+                Turn(append_tokens=50, output_tokens=8),
+            ],
+        )
+        for i in range(3)
+    ]
+    workload = dump_workload(trace, tmp_path / "trace.jsonl")
+    out = tmp_path / "sessions"
+    rc = main(
+        [
+            "--emulate", str(_profile(tmp_path)), "--workload", str(workload), "--policies", "fcfs+hicache-write-back",
+            "--sessions", "2,3", "--window-s", "20", "--warmup-s", "5", "--max-gap-s", "1", "--max-total-tokens", "4000",
+            "--seeds", "1", "--jobs", "2", "--out", str(out),
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    report = json.loads((out / "report.json").read_text())
+    assert [(r["policy"], r["sessions"]) for r in report["rows"]] == [("fcfs+hicache-write-back", 2), ("fcfs+hicache-write-back", 3)]
+    for n in (2, 3):
+        run = json.loads((out / "runs" / f"fcfs+hicache-write-back-n{n}-s1-r0.json").read_text())
+        assert "--hicache-write-policy write_back" in run["emulator"]["server_argv"]
+        programs = run["replay"]["programs"]
+        assert len(programs) > 3 and any(p["program_id"].endswith(".1") for p in programs)  # the trace cycled
+        ends = sorted(p["end"] for p in programs if p["end"] is not None)
+        starts = sorted(p["start"] for p in programs[n:])
+        assert starts == ends[: len(starts)]  # each new session started when one ended
+        for p in programs:  # every gap capped at 1 s
+            turns = p["turns"]
+            assert all(b["send"] - a["finish"] == pytest.approx(1.0) for a, b in zip(turns, turns[1:]))
+        figures = run["sessions"]["figures"]
+        assert figures["turns_finished"] > 0 and figures["output_tokens_per_s"] > 0
+        assert figures["turns_per_session_hour"] == pytest.approx(figures["turns_finished"] / (n * 20 / 3600))
+    assert "**Emulated, predictions**" in (out / "report.md").read_text()

@@ -25,7 +25,9 @@ budget), ``continuum-pins-only`` (pins, requests in arrival order), ``continuum-
 ``continuum-bernstein`` (the paper's first version's bound), ``continuum-no-wait-bound`` (no
 starvation bound), ``continuum-no-admission-control``, and ``continuum-paper`` (the paper's policy:
 neither bound nor admission control). Any policy with ``+hicache`` adds SGLang's host tier
-(``--enable-hierarchical-cache``) and is compared with ``fcfs+hicache``.
+(``--enable-hierarchical-cache``, SGLang's default ``write_through``: the host mirrors the device)
+and is compared with ``fcfs+hicache``; ``+hicache-write-back`` the same with
+``--hicache-write-policy write_back`` (device and host hold distinct KV: more in all).
 
 A policy is a typed ``Policy``: SGLang flags, plugin settings (checked against
 ``ContinuumSettings`` when this module is imported: a misspelt name fails there) and a rule
@@ -93,6 +95,7 @@ _POLICIES = (
 )
 POLICIES: dict[str, Policy] = {p.name: p for p in _POLICIES}
 HICACHE_FLAGS = ["--enable-hierarchical-cache"]
+HICACHE_SUFFIXES = {"hicache": HICACHE_FLAGS, "hicache-write-back": [*HICACHE_FLAGS, "--hicache-write-policy", "write_back"]}
 # CPU servers: the direct io backend with the layer-first host layout (the one the CPU shim's
 # stand-in for sgl_kernel's transfer_kv_direct serves; see docs/cpu-shim.md), and SGLang's default
 # host/device ratio given explicitly: left to auto-sizing, SGLang refuses to start when less than
@@ -133,10 +136,10 @@ def context_length(model: Optional[str], pool: int) -> int:
 
 
 def policy_named(name: str) -> Policy:
-    """The policy ``name`` (without a ``+hicache`` suffix)."""
+    """The policy ``name`` (without a ``+hicache...`` suffix)."""
     base = name.partition("+")[0]
     if base not in POLICIES:
-        raise SystemExit(f"unknown policy {name!r}; choose from {sorted(POLICIES)} (optionally +hicache)")
+        raise SystemExit(f"unknown policy {name!r}; choose from {sorted(POLICIES)} (optionally +{'/+'.join(HICACHE_SUFFIXES)})")
     return POLICIES[base]
 
 
@@ -145,8 +148,8 @@ def parse_policy(name: str, *, cpu: bool = True) -> tuple[list[str], dict[str, s
     policy = policy_named(name)
     args = list(policy.sglang_args)
     extra = name.partition("+")[2]
-    if extra == "hicache":
-        args += HICACHE_FLAGS + (HICACHE_CPU_FLAGS if cpu else [])
+    if extra in HICACHE_SUFFIXES:
+        args += HICACHE_SUFFIXES[extra] + (HICACHE_CPU_FLAGS if cpu else [])
     elif extra:
         raise SystemExit(f"unknown policy suffix {extra!r}")
     return args, policy.environment()

@@ -25,7 +25,7 @@ import hashlib
 import random
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import httpx
 import orjson
@@ -44,6 +44,7 @@ class TurnRecord:
     finish: Optional[float] = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    cached_host_tokens: int = 0  # of cached_tokens, loaded back from HiCache's host tier
     output_tokens: int = 0
     queue_time_s: Optional[float] = None
     error: Optional[str] = None
@@ -223,6 +224,7 @@ class Replayer:
                     meta = chunk.get("meta_info", {})
                     rec.prompt_tokens = meta.get("prompt_tokens", rec.prompt_tokens)
                     rec.cached_tokens = meta.get("cached_tokens", rec.cached_tokens)
+                    rec.cached_host_tokens = (meta.get("cached_tokens_details") or {}).get("host", rec.cached_host_tokens)
                     rec.output_tokens = meta.get("completion_tokens", rec.output_tokens)
                     if meta.get("queue_time") is not None:
                         rec.queue_time_s = float(meta["queue_time"])
@@ -285,6 +287,35 @@ class Replayer:
             after = await _rested_metrics(client, urls)
         per_worker = list(zip(urls, before, after)) if self.metrics_urls else []
         return ReplayResult(records, wall, "\n".join(before), "\n".join(after), per_worker, marks)
+
+    async def run_sessions(self, sessions: Iterator[Program], concurrency: int, start_times: list[float], until: float) -> ReplayResult:
+        """``concurrency`` sessions in flight (``bench/sessions.py``), each replaced by the next of
+        ``sessions`` when it ends, until ``until`` seconds in: then every turn still in flight is
+        cancelled (the server aborts a request whose client went away) and left unfinished."""
+        records: list[ProgramRecord] = []
+        limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+
+        async def slot(start: float) -> None:
+            await asyncio.sleep(max(0.0, start - self._now()))
+            while True:
+                program = next(sessions)
+                records.append(rec := ProgramRecord(program.program_id, self._now()))
+                await self._program(client, program, rec)
+
+        async with httpx.AsyncClient(timeout=self.timeout_s, limits=limits) as client:
+            urls = self.metrics_urls or [self.url]
+            before = [await _metrics(client, u) for u in urls]
+            self.t0 = time.perf_counter()
+            marks: dict[str, str] = {}
+            scraper = asyncio.create_task(self._scrape_marks(client, urls, marks))
+            slots = [asyncio.create_task(slot(at)) for at in start_times[:concurrency]]
+            await asyncio.sleep(until)
+            wall = self._now()
+            for task in (*slots, scraper):
+                task.cancel()
+            await asyncio.gather(*slots, scraper, return_exceptions=True)
+            after = await _rested_metrics(client, urls)
+        return ReplayResult(records, wall, "\n".join(before), "\n".join(after), [], marks)
 
     async def _scrape_marks(self, client: httpx.AsyncClient, urls: list[str], marks: dict[str, str]) -> None:
         for at in self.scrape_at:

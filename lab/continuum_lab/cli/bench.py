@@ -24,6 +24,10 @@ Continuum must infer programs from the prefix. Each server (or emulated run) wri
 it attributed each request to (its ``event_log``); the report scores it against the truth
 (precision and recall, ``bench/attribution.py``). Single servers and emulated runs only.
 
+``--sessions 8,16,32`` measures as the field does on recorded agents (``bench/sessions.py``): N
+sessions in flight for ``--window-s`` after ``--warmup-s``, gaps raw or capped (``--max-gap-s``);
+figures per window (throughput, TTFT, cache by tier), not per program; on real servers or emulated.
+
 ``--emulate PROFILE`` runs the same grid without a server: SGLang's real scheduler, radix cache
 and this plugin in virtual time, the forward replaced by the profile's step latencies
 (``lab/continuum_lab/emulator``). Each run is a fresh process (``--jobs`` at once); the KV pool is
@@ -124,8 +128,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         "nothing behind a router), or none (programs inferred from the prefix)",
     )
     ap.add_argument("--no-ids", dest="identity", action="store_const", const="none", help="= --identity none")
+    ap.add_argument("--sessions", default="", help="fixed concurrency: N sessions in flight, a list sweeps: 8,16,32")
+    ap.add_argument("--window-s", type=float, default=3600.0, help="sessions: the measured window (virtual s)")
+    ap.add_argument("--warmup-s", type=float, default=600.0, help="sessions: not measured, before the window")
+    ap.add_argument("--max-gap-s", type=float, default=None, help="sessions: cap tool/think gaps (raw if unset)")
     ap.add_argument("--out", type=Path, default=Path("out/bench"))
     args = ap.parse_args(argv)
+    if args.sessions and (args.url or args.workers > 1):
+        ap.error("--sessions starts one server (or emulates one) per run: it excludes --url and --workers")
     if args.emulate and args.url:
         ap.error("--emulate and --url exclude each other")
     if args.workers > 1 and (args.emulate or args.url):
@@ -169,6 +179,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     server_cpus, client_cpus = cpu_split(not args.no_pin_cpus and not args.emulate)
     runs = []
     started = time.time()
+    if args.sessions:
+        from continuum_lab.cli.bench_sessions import run_grid, server_runs
+
+        grid = list(run_order(policies, seeds, [int(x) for x in args.sessions.split(",")], args.repeat))
+        if args.emulate:
+            runs = _emulated_runs(grid, args, pool, extra_env)
+        else:
+            if not args.model:
+                ap.error("--model is required unless --url or --emulate is given")
+            runs = server_runs(grid, args, programs, common, extra_env, server_cpus, client_cpus)
+        return run_grid(runs, args, programs, pool, latency.name if latency else None, _command(argv))
     grid = list(run_order(policies, seeds, jps_list, args.repeat))
     emulated = iter(())
     if args.emulate:
@@ -290,7 +311,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     across = aggregate(runs)
     summary_md = seeds_table(across)
     head = "\n".join(headline(across, p) for p in policies if p.startswith("continuum"))
-    command = "continuum-bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    command = _command(argv)
     report = {
         "command": command,
         "backend": "emulator" if args.emulate else "server",
@@ -461,6 +482,10 @@ def _print_run(desc: str, summary: dict) -> None:
     )
 
 
+def _command(argv: Optional[list[str]]) -> str:
+    return "continuum-bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+
+
 def emulated_pool(latency) -> int:
     """The KV pool the profile's GPU would hold (0: the profile does not say)."""
     if latency is None:
@@ -478,8 +503,9 @@ def _emulated_runs(grid, args, pool: int, extra_env: dict):
     from concurrent.futures import ThreadPoolExecutor
 
     def one(cell) -> dict:
-        repeat, seed, jps, policy = cell
-        out = args.out / "runs" / f"{policy}-{jps:g}-s{seed}-r{repeat}.json"
+        repeat, seed, jps, policy = cell  # with --sessions, ``jps`` is the session count
+        load = f"n{jps:g}" if args.sessions else f"{jps:g}"
+        out = args.out / "runs" / f"{policy}-{load}-s{seed}-r{repeat}.json"
         cmd = [
             sys.executable, "-m", "continuum_lab.emulator.run",
             "--workload", str(args.workload), "--policy", policy, "--profile", str(args.emulate),
@@ -488,6 +514,10 @@ def _emulated_runs(grid, args, pool: int, extra_env: dict):
             "--server-args", args.server_args, "--out", str(out),
             *(f"--env={k}={v}" for k, v in extra_env.items()),
         ]  # fmt: skip
+        if args.sessions:
+            cmd[cmd.index("--jps") : cmd.index("--jps") + 2] = ["--jps", "0", "--sessions", str(int(jps))]
+            cmd += ["--window-s", str(args.window_s), "--warmup-s", str(args.warmup_s)]
+            cmd += [] if args.max_gap_s is None else ["--max-gap-s", str(args.max_gap_s)]
         log_path = _attribution_path(args, policy, jps, seed, repeat)
         cmd.append(f"--identity={args.identity}")
         if log_path is not None:
@@ -502,7 +532,7 @@ def _emulated_runs(grid, args, pool: int, extra_env: dict):
             rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
         if rc != 0:
             tail = log.read_text()[-2000:]
-            raise RuntimeError(f"emulated run {policy} seed {seed} @ {jps:g} failed (rc {rc}); log {log}:\n{tail}")
+            raise RuntimeError(f"emulated run {policy} seed {seed} @ {load} failed (rc {rc}); log {log}:\n{tail}")
         return json.loads(out.read_text())
 
     with ThreadPoolExecutor(max(1, args.jobs)) as pool_:

@@ -1,7 +1,9 @@
 """Closed-loop agent driver in virtual time: the replay client's contract, without a server.
 
-Programs arrive as the same seeded Poisson process as ``bench/replay.py`` (``arrival_times``).
-A program sends its first turn on arrival; each later turn is sent when the previous one
+Programs arrive as the same seeded Poisson process as ``bench/replay.py`` (``arrival_times``),
+or (``run_sessions``, the field's protocol in ``bench/sessions.py``) N sessions stay in flight for
+a fixed window, a finished one replaced at once by the next. A program sends its first turn on
+arrival; each later turn is sent when the previous one
 finished plus that turn's tool duration; the last turn carries ``is_last_step``. Between sends the
 real scheduler steps, and every step moves the virtual clock by the profile's latency for the
 batch it ran. Nothing reads wall time, so the same inputs give the same records.
@@ -14,7 +16,7 @@ step that first admitted the turn into a prefill batch.
 from __future__ import annotations
 
 import heapq
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -81,12 +83,16 @@ class ClosedLoopDriver:
         self.busy_s = 0.0
         self.host = host  # HiCache's transfers (None without it)
         self.host_load_s = 0.0  # of busy_s: prefill steps waiting for KV loaded back from host
+        self.prefill_s = 0.0  # of busy_s: prefill steps (their host loads included)
         self._marks = sorted(marks)  # seconds after the start: ``on_mark`` at the first step past each
         self.on_mark = on_mark
         self.steps = {"prefill": 0, "decode": 0, "idle_ticks": 0}
         self._events: list[tuple[float, int, int]] = []  # (send time, seq, program index)
         self._seq = 0
         self._inflight: dict[str, tuple[_Program, TurnRecord, object]] = {}
+        self._states: list[_Program] = []
+        self._sessions: Optional[Iterator[Program]] = None  # the next sessions (run_sessions)
+        self.counters_at: dict[float, dict] = {}  # mark -> cumulative counters then
 
     # -- events ---------------------------------------------------------------------------
     def _schedule(self, at: float, index: int) -> None:
@@ -128,9 +134,12 @@ class ClosedLoopDriver:
             program.context = []
             if self.on_turn is not None:
                 self.on_turn(rec)
+            if self._sessions is not None:
+                self._start(next(self._sessions), now)
             return
         rec.output_tokens = len(req.output_ids)
         rec.cached_tokens = int(req.cached_tokens)
+        rec.cached_host_tokens = int(req.cached_tokens_host)  # SGLang's own split, as a server reports it
         if rec.first_token is None:
             rec.first_token = now
         if self.on_turn is not None:
@@ -145,34 +154,66 @@ class ClosedLoopDriver:
             program.context = []  # the driver keeps no finished context
             if self.close_sessions and self.send_program_id:
                 engine.close_session(self.s, program.spec.program_id)
+            if self._sessions is not None:
+                self._start(next(self._sessions), now)
+
+    def _start(self, spec: Program, at: float) -> None:
+        index = len(self._states)
+        self._states.append(_Program(index, spec, ProgramRecord(spec.program_id, at), _token_rng(self.seed, spec.program_id)))
+        self._schedule(at, index)
+
+    def counters(self) -> dict:
+        """The engine's cumulative counters (a window's figures are their differences)."""
+        out = {"busy_s": self.busy_s, "prefill_s": self.prefill_s, "prefill_steps": self.steps["prefill"],
+               "decode_steps": self.steps["decode"]}  # fmt: skip
+        if self.host is not None:
+            out |= {"host_loaded_tokens": self.host.loaded_tokens, "host_written_tokens": self.host.written_tokens,
+                    "host_load_s": self.host_load_s}  # fmt: skip
+        return out
 
     # -- the loop -------------------------------------------------------------------------
     def run(self, programs: list[Program], jps: float) -> ReplayResult:
-        arrivals = arrival_times(len(programs), jps, self.seed)
-        states = [
-            _Program(i, p, ProgramRecord(p.program_id, a), _token_rng(self.seed, p.program_id))
-            for i, (p, a) in enumerate(zip(programs, arrivals))
-        ]
-        for i, a in enumerate(arrivals):
-            self._schedule(a, i)
+        """Programs arrive as a Poisson process; returns when every one has finished."""
+        for p, a in zip(programs, arrival_times(len(programs), jps, self.seed)):
+            self._start(p, a)
         start = self.clock()
+        self._loop(start, until=None)
+        if self._inflight:
+            raise SchedulerWedged(f"{len(self._inflight)} requests never finished")
+        engine.step(self.s)[1]()  # one idle iteration after the last turn, as a server has (metrics, self-check)
+        return ReplayResult([p.record for p in self._states], self.clock() - start)
+
+    def run_sessions(self, sessions: Iterator[Program], concurrency: int, start_times: Sequence[float], until: float) -> ReplayResult:
+        """``concurrency`` sessions in flight from ``start_times``, each replaced by the next of
+        ``sessions`` when it ends; stops when the clock passes ``until`` (turns then in flight are
+        left as they are: the figures count them as waiting)."""
+        self._sessions = sessions
+        for at in start_times[:concurrency]:
+            self._start(next(sessions), at)
+        start = self.clock()
+        self._loop(start, until=start + until)
+        return ReplayResult([p.record for p in self._states], self.clock() - start)
+
+    def _loop(self, start: float, until: Optional[float]) -> None:
         idle_with_work = 0.0
-        while True:
+        while until is None or self.clock() < until:
             now = self.clock()
             while self._marks and now - start >= self._marks[0]:
                 mark = self._marks.pop(0)
+                self.counters_at[mark] = self.counters()
                 if self.on_mark is not None:
                     self.on_mark(mark)
             while self._events and self._events[0][0] <= now:
                 at, _, index = heapq.heappop(self._events)
-                self._send(states[index], at)
+                self._send(self._states[index], at)
             batch, finish = engine.step(self.s)
             if batch is None:
                 finish()
                 if engine.is_idle(self.s) and not self._inflight:
                     if not self._events:
                         break
-                    self.clock.advance(self._events[0][0] - now)  # nothing to do until the next send
+                    next_send = self._events[0][0] if until is None else min(self._events[0][0], until)
+                    self.clock.advance(max(next_send - now, 0.0))  # nothing to do until the next send
                     # An idle server's loop keeps spinning, so the plugin's step clock is current
                     # when the request arrives; without this iteration the arrival would be stamped
                     # with the last busy step's time and every tool time measured as ~one step.
@@ -213,6 +254,8 @@ class ClosedLoopDriver:
             self.clock.advance(dt)  # the forward's time passes, then its results are processed
             finish()
             self.busy_s += dt
+            if shape.is_prefill:
+                self.prefill_s += dt
             done = self.clock()
             for req in batch.reqs:
                 entry = self._inflight.get(req.rid)
@@ -222,7 +265,3 @@ class ClosedLoopDriver:
                     entry[1].first_token = done
                 if req.finished():
                     self._finished(req.rid, done)
-        if self._inflight:
-            raise SchedulerWedged(f"{len(self._inflight)} requests never finished")
-        engine.step(self.s)[1]()  # one idle iteration after the last turn, as a server has (metrics, self-check)
-        return ReplayResult([p.record for p in states], self.clock() - start)

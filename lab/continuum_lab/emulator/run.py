@@ -37,7 +37,10 @@ def emulate(
     progress: bool = False,
     identity: str = "ids",
     marks: tuple[float, ...] = (60.0,),
+    sessions=None,
 ) -> dict:
+    """One run. ``sessions`` (a ``bench.sessions.SessionsProtocol``): N sessions in flight for a
+    fixed window instead of Poisson arrivals at ``jps``; the run's JSON then has ``sessions``."""
     from continuum_lab.bench.events import read_admission_log, summarize_admissions
     from continuum_lab.bench.policies import parse_policy, policy_named, tlru_config
     from continuum_lab.workloads.schema import load_workload
@@ -78,6 +81,8 @@ def emulate(
         # 64: scale the bandwidth so that its transfer times are the profiled model's
         real = values.get("host_bandwidth_bytes_per_s") or latency.host_bytes_per_s
         values["host_bandwidth_bytes_per_s"] = real * engine.ACCOUNTING_KV_BYTES_PER_TOKEN / latency.kv_bytes_per_token
+    if sessions is not None:
+        marks = (sessions.warmup_s, sessions.end_s)
     clock = ManualClock(0.0)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="continuum-emu-") as tmp, use_clock(clock):
@@ -119,7 +124,14 @@ def emulate(
                 marks=marks,
                 on_mark=on_mark,
             )
-            result = driver.run(programs, jps)
+            if sessions is None:
+                result = driver.run(programs, jps)
+            else:
+                from continuum_lab.bench.sessions import session_programs
+
+                source = session_programs(programs, seed, sessions.max_gap_s)
+                result = driver.run_sessions(source, sessions.concurrency, sessions.start_times(), sessions.end_s)
+                driver.counters_at.setdefault(sessions.end_s, driver.counters())
             if bar is not None:
                 bar.close()
             pool = engine.pool_accounting(scheduler)
@@ -127,10 +139,18 @@ def emulate(
             if log is not None:
                 log.flush()
         admissions = summarize_admissions(read_admission_log(event_log))
+    window = None
+    if sessions is not None:
+        from continuum_lab.bench.sessions import window_figures
+
+        at = driver.counters_at
+        counters = {"start": at.get(sessions.warmup_s, {}), "end": at[sessions.end_s]}
+        window = {"protocol": sessions.to_dict(), "figures": window_figures(result, sessions, counters)}
     return {
         "policy": policy,
         "seed": seed,
         "jps": jps,
+        "sessions": window,
         "replay": result.to_dict(),
         "metrics_after": generate_latest(REGISTRY).decode(),
         "admissions": admissions,
@@ -174,8 +194,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument(
         "--identity", choices=IDENTITIES, default="ids", help="program metadata sent: all, the routing key only, none"
     )
+    ap.add_argument("--sessions", type=int, default=0, help="N sessions in flight (bench/sessions.py) instead of --jps")
+    ap.add_argument("--window-s", type=float, default=3600.0)
+    ap.add_argument("--warmup-s", type=float, default=600.0)
+    ap.add_argument("--max-gap-s", type=float, default=None, help="cap tool/think gaps (sessions)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
+    protocol = None
+    if args.sessions:
+        from continuum_lab.bench.sessions import SessionsProtocol
+
+        protocol = SessionsProtocol(args.sessions, args.window_s, args.warmup_s, args.max_gap_s)
     run = emulate(
         args.workload,
         args.policy,
@@ -189,6 +218,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         vocab=args.vocab,
         progress=args.progress,
         identity=args.identity,
+        sessions=protocol,
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_bytes(orjson.dumps(run))

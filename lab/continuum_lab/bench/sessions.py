@@ -1,0 +1,127 @@
+"""The field's protocol for recorded agents: N sessions at once, a fixed window, figures per window.
+
+Where the serving literature measures agent traces (SGLang's AgentX recipes, ThunderAgent, MORI,
+kv-cache-tester), it does not draw program arrivals from a Poisson process: it keeps **N sessions
+in flight** (closed loop: a session that ends is replaced at once by the next one from the trace),
+lets the system warm up, and reports throughput and TTFT over a fixed window. Past the point where
+the N sessions' contexts overflow KV memory (the cliff), every turn's re-prefill and queueing show
+up there, which is where a KV policy can win or lose.
+
+- ``session_programs``: the trace as an endless stream of sessions, shuffled per pass by the seed,
+  a program's later passes renamed (``id.1``, ``id.2``: each is a new session with its own tokens),
+  gaps raw or capped at ``max_gap_s`` (ThunderAgent caps think time at 10 s).
+- ``window_figures``: what a run did between ``warmup_s`` and ``warmup_s + window_s``, from the
+  replay's records. A turn still waiting at the window's end counts with the time it had waited
+  (a lower bound): a policy that parks turns cannot hide them by never finishing them.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass
+from typing import Iterator, Optional, Sequence
+
+import numpy as np
+
+from continuum_lab.bench.replay import ReplayResult
+from continuum_lab.workloads.schema import Program
+
+
+@dataclass(frozen=True)
+class SessionsProtocol:
+    concurrency: int  # sessions in flight
+    window_s: float  # measured, after the warm-up
+    warmup_s: float = 600.0
+    max_gap_s: Optional[float] = None  # tool/think time cap; None: raw gaps
+    ramp_s: float = 60.0  # the first N sessions start evenly over this long
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError("sessions: the concurrency must be at least 1")
+        if self.window_s <= 0 or self.warmup_s < 0 or self.ramp_s < 0:
+            raise ValueError("sessions: the window must be positive, the warm-up and ramp not negative")
+        if self.max_gap_s is not None and self.max_gap_s < 0:
+            raise ValueError("sessions: --max-gap-s must not be negative")
+
+    @property
+    def end_s(self) -> float:
+        return self.warmup_s + self.window_s
+
+    def start_times(self) -> list[float]:
+        return [i * self.ramp_s / self.concurrency for i in range(self.concurrency)]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def session_programs(programs: Sequence[Program], seed: int, max_gap_s: Optional[float] = None) -> Iterator[Program]:
+    if not programs:
+        raise ValueError("sessions: the workload has no programs")
+    rng = random.Random(seed)
+    n = 0
+    while True:
+        order = list(programs)
+        rng.shuffle(order)
+        for p in order:
+            turns = p.turns
+            if max_gap_s is not None:
+                turns = [t.model_copy(update={"tool_duration_s": min(t.tool_duration_s, max_gap_s)}) for t in turns]
+            name = p.program_id if n == 0 else f"{p.program_id}.{n}"
+            yield p.model_copy(update={"program_id": name, "turns": turns})
+        n += 1
+
+
+def _pct(values: Sequence[float], q: float) -> Optional[float]:
+    return float(np.percentile(values, q)) if len(values) else None
+
+
+def window_figures(result: ReplayResult, protocol: SessionsProtocol, counters: Optional[dict] = None) -> dict:
+    """Figures over the window. ``counters``: the engine's cumulative counters (host tokens loaded
+    and written, busy seconds) at the window's start and end (``{"start": {...}, "end": {...}}``)."""
+    lo, hi = protocol.warmup_s, protocol.end_s
+    finished, sent = [], []
+    reprefilled = 0
+    for program in result.programs:
+        previous = None
+        for t in program.turns:
+            if lo <= t.send < hi:
+                sent.append(t)
+            if t.error is None and t.finish is not None and lo <= t.finish < hi:
+                finished.append(t)
+                if previous is not None and previous.finish is not None:
+                    reprefilled += max(0, previous.prompt_tokens + previous.output_tokens - t.cached_tokens)
+            previous = t
+    # a turn without its first token (admission) by the window's end waited at least until then
+    ttft = [min(t.first_token, hi) - t.send if t.first_token is not None else hi - t.send for t in sent]
+    waits = [(t.queue_time_s if t.queue_time_s is not None else hi - t.send, t.turn) for t in sent]
+    prompt = sum(t.prompt_tokens for t in finished)
+    cached = sum(t.cached_tokens for t in finished)
+    host = sum(t.cached_host_tokens for t in finished)
+    in_server = [t.finish - t.send for t in finished]
+    hours = protocol.window_s / 3600.0
+    figures = {
+        "turns_finished": len(finished),
+        "turns_sent": len(sent),
+        "turns_failed": sum(1 for p in result.programs for t in p.turns if t.error is not None and lo <= t.send < hi),
+        "output_tokens_per_s": sum(t.output_tokens for t in finished) / protocol.window_s,
+        "turns_per_session_hour": len(finished) / (protocol.concurrency * hours),
+        "ttft_p50_s": _pct(ttft, 50),
+        "ttft_p90_s": _pct(ttft, 90),
+        "ttft_max_s": max(ttft, default=None),
+        "in_server_mean_s": float(np.mean(in_server)) if in_server else None,
+        "in_server_p90_s": _pct(in_server, 90),
+        "prompt_tokens": prompt,
+        "cached_device_tokens": cached - host,
+        "cached_host_tokens": host,
+        "cache_hit": cached / prompt if prompt else None,
+        "host_hit": host / prompt if prompt else None,
+        "reprefilled_tokens": reprefilled,
+        "longest_wait_s": max((w for w, _ in waits), default=None),
+        "longest_first_turn_wait_s": max((w for w, turn in waits if turn == 0), default=None),
+        "longest_later_turn_wait_s": max((w for w, turn in waits if turn > 0), default=None),
+    }
+    if counters is not None and "start" in counters and "end" in counters:
+        start, end = counters["start"], counters["end"]
+        for key in end:
+            figures[f"{key}_in_window"] = end[key] - start.get(key, 0)
+    return figures

@@ -1,0 +1,144 @@
+"""The fixed-concurrency grid's report: per session count N, every policy's window figures over
+seeds (median, and the worst seed where it matters), its throughput against the best stock policy
+on the same seed, and HiCache's own gain over fcfs apart from the plugin's.
+
+Pure functions over run records ``{"policy", "sessions", "seed", "figures": {...}}``; ``plots``
+draws throughput and TTFT p90 against N.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from continuum_lab.bench.seeds import is_stock
+
+HICACHE = "+hicache"
+
+# (figure, column title, format): the table's columns, medians over seeds
+COLUMNS = (
+    ("output_tokens_per_s", "output tok/s", "{:.0f}"),
+    ("turns_per_session_hour", "turns/session-h", "{:.1f}"),
+    ("ttft_p50_s", "TTFT p50 s", "{:.2f}"),
+    ("ttft_p90_s", "TTFT p90 s", "{:.2f}"),
+    ("ttft_max_s", "TTFT max s", "{:.1f}"),
+    ("in_server_mean_s", "in server s/turn", "{:.2f}"),
+    ("cache_hit", "cached", "{:.1%}"),
+    ("host_hit", "of it host", "{:.1%}"),
+    ("reprefilled_tokens", "re-prefilled Mtok", "{:.1f}"),
+    ("host_loaded_tokens_in_window", "host loads Mtok", "{:.1f}"),
+    ("longest_wait_s", "longest wait s", "{:.1f}"),
+)
+MEGA = {"reprefilled_tokens", "host_loaded_tokens_in_window"}
+
+
+def _tier(policy: str) -> str:
+    return policy.partition("+")[2]
+
+
+def _figure(run: dict, key: str) -> Optional[float]:
+    value = run["figures"].get(key)
+    if value is None:
+        return None
+    return value / 1e6 if key in MEGA else float(value)
+
+
+def _median(values: list) -> Optional[float]:
+    values = [v for v in values if v is not None]
+    return float(np.median(values)) if values else None
+
+
+def best_stock(runs: list[dict], policy: str, n: int) -> Optional[str]:
+    """The stock policy an operator would pick against ``policy`` at N: the highest median
+    throughput among stock policies with a host tier when ``policy`` has one (either write
+    policy), else among those without."""
+    hicache = bool(_tier(policy))
+    medians: dict[str, list[float]] = {}
+    for r in runs:
+        if r["sessions"] == n and is_stock(r["policy"]) and bool(_tier(r["policy"])) == hicache:
+            medians.setdefault(r["policy"], []).append(r["figures"]["output_tokens_per_s"])
+    return max(medians, key=lambda p: float(np.median(medians[p]))) if medians else None
+
+
+def throughput_ratios(runs: list[dict], policy: str, other: str, n: int) -> list[float]:
+    """``policy``'s output throughput / ``other``'s on the same seed (>1: ``policy`` serves more)."""
+    tps = {(r["policy"], r["seed"]): r["figures"]["output_tokens_per_s"] for r in runs if r["sessions"] == n}
+    return [
+        tps[(policy, seed)] / tps[(other, seed)]
+        for (p, seed) in tps
+        if p == policy and (other, seed) in tps and tps[(other, seed)] > 0
+    ]
+
+
+def aggregate(runs: list[dict]) -> list[dict]:
+    """One row per (N, policy), in run order."""
+    rows: dict[tuple[int, str], dict] = {}
+    for r in runs:
+        rows.setdefault((r["sessions"], r["policy"]), {"sessions": r["sessions"], "policy": r["policy"], "runs": []})
+        rows[(r["sessions"], r["policy"])]["runs"].append(r)
+    out = []
+    for (n, policy), row in rows.items():
+        group = row.pop("runs")
+        row["seeds"] = [r["seed"] for r in group]
+        for key, _, _ in COLUMNS:
+            row[key] = _median([_figure(r, key) for r in group])
+        row["ttft_p90_worst_s"] = max((_figure(r, "ttft_p90_s") or 0.0) for r in group)
+        row["longest_wait_worst_s"] = max((_figure(r, "longest_wait_s") or 0.0) for r in group)
+        best = None if is_stock(policy) else best_stock(runs, policy, n)
+        ratios = throughput_ratios(runs, policy, best, n) if best else []
+        row["best_stock"] = best
+        row["vs_best_stock_median"] = _median(ratios)
+        row["vs_best_stock_worst"] = min(ratios) if ratios else None
+        if policy.startswith("fcfs+"):  # HiCache's own gain, apart from any plugin
+            gain = throughput_ratios(runs, policy, "fcfs", n)
+            row["vs_fcfs_no_host_median"] = _median(gain)
+        out.append(row)
+    return out
+
+
+def _cell(value: Optional[float], fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def markdown(rows: list[dict]) -> str:
+    head = ["N", "policy", *(c[1] for c in COLUMNS), "vs best stock (worst seed)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        if row.get("vs_best_stock_median") is not None:
+            vs = f"{row['vs_best_stock_median']:.2f}x ({row['vs_best_stock_worst']:.2f}x) vs {row['best_stock']}"
+        elif row.get("vs_fcfs_no_host_median") is not None:
+            vs = f"host tier alone: {row['vs_fcfs_no_host_median']:.2f}x fcfs"
+        else:
+            vs = "-"
+        cells = [str(row["sessions"]), row["policy"], *(_cell(row[k], f) for k, _, f in COLUMNS), vs]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plots(rows: list[dict], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for key, title, name in (
+        ("output_tokens_per_s", "output tokens/s (median over seeds)", "throughput.png"),
+        ("ttft_p90_s", "TTFT p90 s (median over seeds)", "ttft-p90.png"),
+    ):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for policy in dict.fromkeys(r["policy"] for r in rows):
+            points = sorted((r["sessions"], r[key]) for r in rows if r["policy"] == policy and r[key] is not None)
+            if points:
+                ax.plot(*zip(*points), marker="o", label=policy, linestyle="-" if HICACHE in policy else "--")
+        ax.set_xlabel("sessions in flight (N)")
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = out / name
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths

@@ -1,0 +1,125 @@
+"""``continuum-bench --sessions``: the fixed-concurrency grid's runs in, ``report.{json,md}`` and
+plots out (``bench/sessions.py`` is the protocol, ``bench/sessions_report.py`` the tables)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from typing import Iterable, Iterator, Optional
+
+from continuum_lab.bench import sessions_report
+from continuum_lab.bench.policies import parse_policy
+from continuum_lab.bench.replay import Replayer
+from continuum_lab.bench.sessions import SessionsProtocol, session_programs, window_figures
+from continuum_lab.harness.server import SGLangServer
+
+LOADED = "sglang:load_back_tokens_total"  # SGLang's own count of tokens HiCache loaded back
+
+
+def protocol_of(args, n: int) -> SessionsProtocol:
+    return SessionsProtocol(n, args.window_s, args.warmup_s, args.max_gap_s)
+
+
+def _series(text: str, name: str) -> float:
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith((name + "{", name + " "))
+    )
+
+
+def server_runs(grid, args, programs, server_args: list[str], env: dict, server_cpus, client_cpus) -> Iterator[dict]:
+    """Each grid cell against a fresh real server (``--model``), in grid order: the same records
+    as an emulated run's ``sessions`` part, measured."""
+    for repeat, seed, n, policy in grid:
+        protocol = protocol_of(args, int(n))
+        flags, policy_env = parse_policy(policy, cpu=not args.gpu)
+        log = args.out / f"server-{policy}-n{n:g}-s{seed}-r{repeat}.log"
+        replayer = Replayer("", api=args.api, vocab=args.vocab, seed=seed, identity=args.identity,
+                            scrape_at=(protocol.warmup_s,))  # fmt: skip
+        with SGLangServer(args.model, [*flags, *server_args], env={**policy_env, **env}, log_path=log,
+                          cpu=not args.gpu, cpus=server_cpus) as server:  # fmt: skip
+            replayer.url = server.url
+            before = os.sched_getaffinity(0) if client_cpus else None
+            if client_cpus:
+                os.sched_setaffinity(0, client_cpus)
+            try:
+                source = session_programs(programs, seed, protocol.max_gap_s)
+                result = asyncio.run(
+                    replayer.run_sessions(source, protocol.concurrency, protocol.start_times(), protocol.end_s)
+                )
+            finally:
+                if before:
+                    os.sched_setaffinity(0, before)
+            server.stop(graceful=False)
+        warm = result.metrics_at.get(f"{protocol.warmup_s:g}", "")
+        counters = {"start": {"host_loaded_tokens": _series(warm, LOADED)},
+                    "end": {"host_loaded_tokens": _series(result.metrics_after, LOADED)}}  # fmt: skip
+        figures = window_figures(result, protocol, counters)
+        yield {"policy": policy, "seed": seed, "sessions": {"protocol": protocol.to_dict(), "figures": figures}}
+
+
+def run_grid(runs: Iterable[dict], args, programs, pool: int, profile: Optional[str], command: str) -> int:
+    started = time.time()
+    records = []
+    for run in runs:
+        window = run["sessions"]
+        n = window["protocol"]["concurrency"]
+        record = {
+            "policy": run["policy"],
+            "sessions": n,
+            "seed": run["seed"],
+            "figures": window["figures"],
+            "protocol": window["protocol"],
+        }
+        if "emulator" in run:
+            record["emulator"] = {k: run["emulator"][k] for k in ("steps", "busy_s", "host_transfers", "run_s")}
+        records.append(record)
+        f = record["figures"]
+        print(
+            f"{run['policy']} N={n} seed {run['seed']}: {f['output_tokens_per_s']:.0f} tok/s, "
+            f"TTFT p90 {f['ttft_p90_s'] or 0:.2f} s, cached {f['cache_hit'] or 0:.1%}"
+        )
+    rows = sessions_report.aggregate(records)
+    protocol = records[0]["protocol"] if records else {}
+    gaps = "raw gaps" if protocol.get("max_gap_s") is None else f"gaps capped at {protocol['max_gap_s']:g} s"
+    report = {
+        "command": command,
+        "backend": "emulator" if profile else "server",
+        "profile": profile,
+        "workload": str(args.workload),
+        "programs": len(programs),
+        "kv_pool_tokens": pool,
+        "server_args": args.server_args,
+        "protocol": protocol,
+        "rows": rows,
+        "runs": records,
+        "elapsed_s": time.time() - started,
+    }
+    (args.out / "report.json").write_text(json.dumps(report, indent=1))
+    pngs = sessions_report.plots(rows, args.out)
+    backend = (
+        f"**Emulated, predictions** (profile {profile!r}"
+        if profile
+        else f"**Measured** on real SGLang servers (`--model {args.model}`"
+    )
+    md = [
+        f"# continuum-bench --sessions: {args.workload.name}",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"{backend}, KV pool {pool} tokens, server args "
+        f"`{args.server_args or '-'}`): N sessions of the trace in flight, each replaced by the next when it "
+        f"ends; {gaps}; {protocol.get('warmup_s', 0):g} s of warm-up, then a {protocol.get('window_s', 0):g} s "
+        "window. Medians over seeds; a turn still waiting at the window's end counts with the time it had "
+        "waited. 'vs best stock': output throughput against the stock policy with the highest median on the "
+        "same cache tiers, same seed (worst seed in brackets).",
+        "",
+        sessions_report.markdown(rows),
+        "",
+        *(f"![{p.stem}]({p.name})" for p in pngs),
+        "",
+    ]
+    (args.out / "report.md").write_text("\n".join(md))
+    print(f"wrote {args.out / 'report.md'}")
+    return 0

@@ -1,0 +1,92 @@
+"""The fixed-concurrency protocol (``bench/sessions.py``) and its report (``bench/sessions_report.py``)."""
+
+from itertools import islice
+
+import pytest
+
+from continuum_lab.bench.replay import ProgramRecord, ReplayResult, TurnRecord
+from continuum_lab.bench.sessions import SessionsProtocol, session_programs, window_figures
+from continuum_lab.bench.sessions_report import aggregate, best_stock, markdown
+from continuum_lab.workloads.schema import Program, Turn
+
+
+def _program(name, gaps):
+    turns = [Turn(append_tokens=10, output_tokens=5, tool="bash", tool_duration_s=g) for g in gaps]
+    return Program(program_id=name, turns=[*turns, Turn(append_tokens=10, output_tokens=5)])
+
+
+def test_sessions_cycle_the_trace_renaming_later_passes_and_capping_gaps():
+    trace = [_program("a", [3.0, 40.0]), _program("b", [0.5])]
+    first = [p.program_id for p in islice(session_programs(trace, seed=7), 6)]
+    assert sorted(first[:2]) == ["a", "b"] and sorted(first[2:4]) == ["a.1", "b.1"] and sorted(first[4:]) == ["a.2", "b.2"]
+    assert first == [p.program_id for p in islice(session_programs(trace, seed=7), 6)]  # the seed fixes the order
+    capped = {p.program_id: p for p in islice(session_programs(trace, seed=7, max_gap_s=10.0), 2)}
+    assert [t.tool_duration_s for t in capped["a"].turns] == [3.0, 10.0, 0.0]
+    assert [t.tool_duration_s for t in trace[0].turns] == [3.0, 40.0, 0.0]  # the trace itself is untouched
+    raw = {p.program_id: p for p in islice(session_programs(trace, seed=7), 2)}
+    assert [t.tool_duration_s for t in raw["a"].turns] == [3.0, 40.0, 0.0]
+
+
+def test_protocol_rejects_what_cannot_be_measured():
+    with pytest.raises(ValueError, match="concurrency"):
+        SessionsProtocol(0, 60.0)
+    with pytest.raises(ValueError, match="window"):
+        SessionsProtocol(4, 0.0)
+    with pytest.raises(ValueError, match="max-gap"):
+        SessionsProtocol(4, 60.0, max_gap_s=-1.0)
+    assert SessionsProtocol(4, 60.0, ramp_s=8.0).start_times() == [0.0, 2.0, 4.0, 6.0]
+
+
+def _turn(program, i, send, first, finish, prompt, cached, host=0, out=10, queue=0.0):
+    return TurnRecord(program, i, send=send, first_token=first, finish=finish, prompt_tokens=prompt,
+                      cached_tokens=cached, cached_host_tokens=host, output_tokens=out, queue_time_s=queue)  # fmt: skip
+
+
+def test_window_figures_count_only_the_window_and_a_waiting_turn_with_its_wait_so_far():
+    protocol = SessionsProtocol(concurrency=2, window_s=100.0, warmup_s=10.0)
+    a = ProgramRecord("a", 0.0, start=0.0, turns=[
+        _turn("a", 0, 0.0, 1.0, 2.0, prompt=1000, cached=0),  # warm-up: not counted
+        _turn("a", 1, 20.0, 21.0, 25.0, prompt=1100, cached=1010, host=300),  # 1,010 = all of turn 0's context
+        _turn("a", 2, 30.0, 33.0, 40.0, prompt=1200, cached=110, queue=3.0),  # 1,000 of 1,110 re-prefilled
+    ])  # fmt: skip
+    b = ProgramRecord("b", 5.0, start=5.0, turns=[
+        _turn("b", 0, 5.0, 6.0, 15.0, prompt=500, cached=0),  # sent in the warm-up, finished in the window
+        TurnRecord("b", 1, send=80.0, prompt_tokens=600),  # still waiting at 110 s: 30 s and counting
+    ])  # fmt: skip
+    f = window_figures(ReplayResult([a, b], 110.0), protocol, {"start": {"host_loaded_tokens": 50}, "end": {"host_loaded_tokens": 350}})
+    assert f["turns_finished"] == 3 and f["turns_sent"] == 3  # a1, a2, b1 sent; a1, a2, b0 finished
+    assert f["output_tokens_per_s"] == pytest.approx(30 / 100.0)
+    assert f["turns_per_session_hour"] == pytest.approx(3 / (2 * 100 / 3600))
+    assert f["prompt_tokens"] == 1100 + 1200 + 500
+    assert f["cached_host_tokens"] == 300 and f["cached_device_tokens"] == 1010 + 110 - 300
+    assert f["reprefilled_tokens"] == 0 + (1110 - 110)
+    assert f["ttft_max_s"] == pytest.approx(30.0)  # b1 never got its first token: it waited 30 s by the end
+    assert f["longest_wait_s"] == pytest.approx(30.0) and f["longest_later_turn_wait_s"] == pytest.approx(30.0)
+    assert f["longest_first_turn_wait_s"] is None  # no first turn was sent in the window
+    assert f["host_loaded_tokens_in_window"] == 300
+
+
+def _run(policy, n, seed, tps, p90=1.0):
+    figures = {"output_tokens_per_s": tps, "ttft_p90_s": p90, "longest_wait_s": 2.0}
+    return {"policy": policy, "sessions": n, "seed": seed, "figures": figures}
+
+
+def test_report_compares_with_the_best_stock_policy_on_the_same_tiers_seed_by_seed():
+    runs = [
+        *(_run("fcfs", 16, s, 100.0) for s in (1, 2)),
+        *(_run("lpm", 16, s, 110.0) for s in (1, 2)),
+        _run("fcfs+hicache", 16, 1, 150.0), _run("fcfs+hicache", 16, 2, 150.0),
+        _run("lpm+hicache-write-back", 16, 1, 160.0), _run("lpm+hicache-write-back", 16, 2, 200.0),
+        _run("continuum", 16, 1, 121.0), _run("continuum", 16, 2, 99.0),
+        _run("continuum+hicache", 16, 1, 240.0), _run("continuum+hicache", 16, 2, 240.0),
+    ]  # fmt: skip
+    assert best_stock(runs, "continuum", 16) == "lpm"
+    assert best_stock(runs, "continuum+hicache", 16) == "lpm+hicache-write-back"  # either write policy
+    rows = {r["policy"]: r for r in aggregate(runs)}
+    assert rows["continuum"]["vs_best_stock_median"] == pytest.approx((1.1 + 0.9) / 2)
+    assert rows["continuum"]["vs_best_stock_worst"] == pytest.approx(0.9)
+    assert rows["continuum+hicache"]["vs_best_stock_median"] == pytest.approx((1.5 + 1.2) / 2)
+    assert rows["continuum+hicache"]["vs_best_stock_worst"] == pytest.approx(1.2)
+    assert rows["fcfs+hicache"]["vs_fcfs_no_host_median"] == pytest.approx(1.5)  # the host tier's own gain
+    table = markdown(list(rows.values()))
+    assert "host tier alone: 1.50x fcfs" in table and "1.35x (1.20x) vs lpm+hicache-write-back" in table
