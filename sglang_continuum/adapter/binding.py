@@ -152,7 +152,7 @@ class Admission:
         held = controller.holds_back(
             tag,
             len(req.origin_input_ids),
-            self.cache.token_to_kv_pool_allocator.size,
+            self.cache.admission_capacity_tokens(),
             idle=idle,
             pending_tokens=adder.continuum_pending_tokens,
             behind_overdue=self.door_closed,

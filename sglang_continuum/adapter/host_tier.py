@@ -61,6 +61,15 @@ class HostTier:
         return ReloadCost(self.bytes_per_token, bytes_per_s or DEFAULT_HOST_BYTES_PER_S)
 
     @property
+    def distinct_capacity_tokens(self) -> int:
+        """How much KV the two tiers hold together: under ``write_back`` the host keeps what left
+        the device (device + host); under ``write_through`` (and ``_selective``) it mirrors the
+        device, so the larger of the two."""
+        if self.write_policy == "write_back":
+            return self.device_tokens + self.capacity_tokens
+        return max(self.device_tokens, self.capacity_tokens)
+
+    @property
     def hold_cost(self) -> float:
         """Holding a token on host, relative to holding it on the device: device pool / host pool."""
         return self.device_tokens / max(1, self.capacity_tokens)

@@ -160,6 +160,14 @@ class ContinuumRadixCache(UnifiedRadixCache):
             "on" if self.settings.offload_to_host else "off",
         )
 
+    def admission_capacity_tokens(self) -> int:
+        """What admission control fits the working set into: the device pool, or with HiCache
+        what the two tiers hold together (a program out on a tool waits on host, and comes back
+        with a load instead of a re-prefill)."""
+        if self.host_tier is not None:
+            return self.host_tier.distinct_capacity_tokens
+        return int(self.token_to_kv_pool_allocator.size)
+
     # -- request lifecycle (adapter/lifecycle.py) ---------------------------------------
     def turn_entered(self, req: Req, *, waiting_ahead: int = 0) -> TurnTag:
         """``req`` is in SGLang's waiting queue now, behind ``waiting_ahead`` requests: a turn

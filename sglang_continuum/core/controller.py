@@ -211,8 +211,10 @@ class ContinuumController:
             return out
         if handle is not None and context_tokens > 0:
             self._pin(out, state, tool, context_tokens, handle, now)
-        if out.pin is None:
-            self.programs.let_go(pid)  # no room is kept for KV the policy itself lets go
+        if out.pin is None and self.reload_cost is None:
+            # no room is kept for KV the policy itself lets go; with a host tier the KV waits
+            # there, and the program stays in the working set while it is seen
+            self.programs.let_go(pid)
         self.silence.went_out(state)
         return out
 
@@ -283,8 +285,9 @@ class ContinuumController:
         hold = self._wait_hold(program_waiting)
         plan.expired = self.pins.pop_expired(now, hold)
         self.counters.expired += len(plan.expired)
-        for pin in plan.expired:  # the program did not come back within its TTL
-            self.programs.let_go(pin.program_id)
+        if self.reload_cost is None:  # (with a host tier its KV waits there, as above)
+            for pin in plan.expired:  # the program did not come back within its TTL
+                self.programs.let_go(pin.program_id)
         self.programs.forget_idle(now)
         for state in self.programs.drain_forgotten():
             self.program_counters.forgotten += 1

@@ -97,6 +97,10 @@ def expired_pin_goes_to_host_and_next_turn_loads_it_back(tiny_model, write_polic
     driver = scheduler(tiny_model, "continuum", write_policy, {})
     cache = driver.s.tree_cache
     assert cache.host_tier is not None and cache.host_tier.write_policy == write_policy
+    # admission control fits the working set into what both tiers hold under this write policy
+    host = int(cache.cache_controller.mem_pool_host.size)
+    assert host >= 2 * POOL
+    assert cache.admission_capacity_tokens() == (POOL + host if write_policy == "write_back" else host)
     rng = random.Random(7)
     seen = {}
 

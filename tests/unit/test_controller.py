@@ -477,6 +477,24 @@ def test_working_set_follows_the_pin_decision():
     c.programs.check_integrity()
 
 
+def test_with_a_host_tier_a_program_let_go_stays_in_the_working_set_while_it_is_seen():
+    # its KV waits on host and its next turn loads it back: admission control, which then fits the
+    # working set into both tiers, keeps its room until it ends or is unseen for the window
+    from sglang_continuum.core.offload import ReloadCost
+
+    c, clock = make(fixed_ttl_s=0.0)
+    c.attach_host_tier(reload=ReloadCost(bytes_per_token=1000, bytes_per_s=1e9), host_budget_tokens=1000, hold_cost=0.5)
+    c.turn_admitted(c.turn_arrived(turn("out")), 600)
+    assert c.turn_finished(turn("out"), context_tokens=700, handle="h").pin is None
+    assert c.programs.working_set_tokens == 700
+    new = c.turn_arrived(turn("new"))
+    assert c.holds_back(new, 400, 1000)  # 700 + 400 > 1000
+    clock.advance(c.programs.working_set_window_s + 1)
+    c.step(lambda pid: False)
+    assert c.programs.working_set_tokens == 0 and not c.holds_back(new, 400, 1000)  # idle: it left
+    c.programs.check_integrity()
+
+
 def test_a_program_with_a_turn_in_flight_stays_in_the_working_set():
     c, clock = make(fixed_ttl_s=0.0)
     c.turn_admitted(c.turn_arrived(turn("p")), 600)
