@@ -92,3 +92,38 @@ def test_continuum_bench_end_to_end(tiny_model, tmp_path):
     assert "## Across seeds" in md and "| continuum-ref | 4 | 1 |" in md and "| fcfs | 4 | 1 |" in md
     for png in ("jct_cdf.png", "turn_latency.png"):  # the load plot: tests/unit/test_bench_report.py
         assert (out / png).stat().st_size > 1000
+
+
+def test_sessions_keep_n_in_flight_on_a_real_server_and_stop_cleanly_at_the_window(continuum_server):
+    """``Replayer.run_sessions``: N sessions at once, each replaced by the next of the trace when it
+    ends; at the window's end every turn still in flight is cancelled, and the server (SGLang aborts
+    a request whose client went away) is left with nothing running or queued."""
+    import asyncio
+    import time
+
+    from continuum_lab.bench.replay import Replayer
+    from continuum_lab.bench.sessions import SessionsProtocol, session_programs, window_figures
+
+    protocol = SessionsProtocol(concurrency=2, window_s=4.0, warmup_s=0.5, ramp_s=0.2)
+    replayer = Replayer(continuum_server.url, seed=3)
+    source = session_programs(tiny_workload(n=3, turns=2), seed=3)
+    result = asyncio.run(replayer.run_sessions(source, 2, protocol.start_times(), protocol.end_s))
+    programs = result.programs
+    assert len(programs) > 2  # sessions that ended were replaced
+    assert result.wall_s == pytest.approx(protocol.end_s, abs=0.2)
+    ends = sorted(p.end for p in programs if p.end is not None)
+    starts = sorted(p.planned_arrival for p in programs[2:])
+    assert all(s - e == pytest.approx(0.0, abs=0.05) for s, e in zip(starts, ends))  # replaced at once
+    for t in (0.25 * k for k in range(1, 18)):  # never more than N sessions in flight
+        assert sum(p.planned_arrival <= t and (p.end is None or p.end > t) for p in programs) <= 2
+    assert all(t.error is None for p in programs for t in p.turns)
+    figures = window_figures(result, protocol)
+    assert figures["turns_finished"] > 0 and figures["output_tokens_per_s"] > 0
+    live = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        m = parse_metrics(continuum_server.metrics(), prefix="sglang:")
+        if all(m[name] == 0 for name in live):
+            break
+        time.sleep(0.2)
+    assert all(m[name] == 0 for name in live), {name: m[name] for name in live}
