@@ -18,7 +18,9 @@ def _program(name, gaps):
 def test_sessions_cycle_the_trace_renaming_later_passes_and_capping_gaps():
     trace = [_program("a", [3.0, 40.0]), _program("b", [0.5])]
     first = [p.program_id for p in islice(session_programs(trace, seed=7), 6)]
-    assert sorted(first[:2]) == ["a", "b"] and sorted(first[2:4]) == ["a.1", "b.1"] and sorted(first[4:]) == ["a.2", "b.2"]
+    assert (
+        sorted(first[:2]) == ["a", "b"] and sorted(first[2:4]) == ["a.1", "b.1"] and sorted(first[4:]) == ["a.2", "b.2"]
+    )
     assert first == [p.program_id for p in islice(session_programs(trace, seed=7), 6)]  # the seed fixes the order
     capped = {p.program_id: p for p in islice(session_programs(trace, seed=7, max_gap_s=10.0), 2)}
     assert [t.tool_duration_s for t in capped["a"].turns] == [3.0, 10.0, 0.0]
@@ -53,7 +55,9 @@ def test_window_figures_count_only_the_window_and_a_waiting_turn_with_its_wait_s
         _turn("b", 0, 5.0, 6.0, 15.0, prompt=500, cached=0),  # sent in the warm-up, finished in the window
         TurnRecord("b", 1, send=80.0, prompt_tokens=600),  # still waiting at 110 s: 30 s and counting
     ])  # fmt: skip
-    f = window_figures(ReplayResult([a, b], 110.0), protocol, {"start": {"host_loaded_tokens": 50}, "end": {"host_loaded_tokens": 350}})
+    f = window_figures(
+        ReplayResult([a, b], 110.0), protocol, {"start": {"host_loaded_tokens": 50}, "end": {"host_loaded_tokens": 350}}
+    )
     assert f["turns_finished"] == 3 and f["turns_sent"] == 3  # a1, a2, b1 sent; a1, a2, b0 finished
     assert f["output_tokens_per_s"] == pytest.approx(30 / 100.0)
     assert f["turns_per_session_hour"] == pytest.approx(3 / (2 * 100 / 3600))

@@ -95,7 +95,10 @@ _POLICIES = (
 )
 POLICIES: dict[str, Policy] = {p.name: p for p in _POLICIES}
 HICACHE_FLAGS = ["--enable-hierarchical-cache"]
-HICACHE_SUFFIXES = {"hicache": HICACHE_FLAGS, "hicache-write-back": [*HICACHE_FLAGS, "--hicache-write-policy", "write_back"]}
+HICACHE_SUFFIXES = {
+    "hicache": HICACHE_FLAGS,
+    "hicache-write-back": [*HICACHE_FLAGS, "--hicache-write-policy", "write_back"],
+}
 # CPU servers: the direct io backend with the layer-first host layout (the one the CPU shim's
 # stand-in for sgl_kernel's transfer_kv_direct serves; see docs/cpu-shim.md), and SGLang's default
 # host/device ratio given explicitly: left to auto-sizing, SGLang refuses to start when less than
@@ -139,7 +142,9 @@ def policy_named(name: str) -> Policy:
     """The policy ``name`` (without a ``+hicache...`` suffix)."""
     base = name.partition("+")[0]
     if base not in POLICIES:
-        raise SystemExit(f"unknown policy {name!r}; choose from {sorted(POLICIES)} (optionally +{'/+'.join(HICACHE_SUFFIXES)})")
+        raise SystemExit(
+            f"unknown policy {name!r}; choose from {sorted(POLICIES)} (optionally +{'/+'.join(HICACHE_SUFFIXES)})"
+        )
     return POLICIES[base]
 
 

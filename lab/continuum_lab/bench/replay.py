@@ -224,7 +224,9 @@ class Replayer:
                     meta = chunk.get("meta_info", {})
                     rec.prompt_tokens = meta.get("prompt_tokens", rec.prompt_tokens)
                     rec.cached_tokens = meta.get("cached_tokens", rec.cached_tokens)
-                    rec.cached_host_tokens = (meta.get("cached_tokens_details") or {}).get("host", rec.cached_host_tokens)
+                    rec.cached_host_tokens = (meta.get("cached_tokens_details") or {}).get(
+                        "host", rec.cached_host_tokens
+                    )
                     rec.output_tokens = meta.get("completion_tokens", rec.output_tokens)
                     if meta.get("queue_time") is not None:
                         rec.queue_time_s = float(meta["queue_time"])
@@ -288,7 +290,9 @@ class Replayer:
         per_worker = list(zip(urls, before, after)) if self.metrics_urls else []
         return ReplayResult(records, wall, "\n".join(before), "\n".join(after), per_worker, marks)
 
-    async def run_sessions(self, sessions: Iterator[Program], concurrency: int, start_times: list[float], until: float) -> ReplayResult:
+    async def run_sessions(
+        self, sessions: Iterator[Program], concurrency: int, start_times: list[float], until: float
+    ) -> ReplayResult:
         """``concurrency`` sessions in flight (``bench/sessions.py``), each replaced by the next of
         ``sessions`` when it ends, until ``until`` seconds in: then every turn still in flight is
         cancelled (the server aborts a request whose client went away) and left unfinished."""

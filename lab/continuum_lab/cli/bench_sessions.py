@@ -23,9 +23,7 @@ def protocol_of(args, n: int) -> SessionsProtocol:
 
 
 def _series(text: str, name: str) -> float:
-    return sum(
-        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith((name + "{", name + " "))
-    )
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith((name + "{", name + " ")))
 
 
 def server_runs(grid, args, programs, server_args: list[str], env: dict, server_cpus, client_cpus) -> Iterator[dict]:

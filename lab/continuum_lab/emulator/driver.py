@@ -159,7 +159,9 @@ class ClosedLoopDriver:
 
     def _start(self, spec: Program, at: float) -> None:
         index = len(self._states)
-        self._states.append(_Program(index, spec, ProgramRecord(spec.program_id, at), _token_rng(self.seed, spec.program_id)))
+        self._states.append(
+            _Program(index, spec, ProgramRecord(spec.program_id, at), _token_rng(self.seed, spec.program_id))
+        )
         self._schedule(at, index)
 
     def counters(self) -> dict:
@@ -183,7 +185,9 @@ class ClosedLoopDriver:
         engine.step(self.s)[1]()  # one idle iteration after the last turn, as a server has (metrics, self-check)
         return ReplayResult([p.record for p in self._states], self.clock() - start)
 
-    def run_sessions(self, sessions: Iterator[Program], concurrency: int, start_times: Sequence[float], until: float) -> ReplayResult:
+    def run_sessions(
+        self, sessions: Iterator[Program], concurrency: int, start_times: Sequence[float], until: float
+    ) -> ReplayResult:
         """``concurrency`` sessions in flight from ``start_times``, each replaced by the next of
         ``sessions`` when it ends; stops when the clock passes ``until`` (turns then in flight are
         left as they are: the figures count them as waiting)."""
