@@ -55,8 +55,11 @@ def test_window_figures_count_only_the_window_and_a_waiting_turn_with_its_wait_s
         _turn("b", 0, 5.0, 6.0, 15.0, prompt=500, cached=0),  # sent in the warm-up, finished in the window
         TurnRecord("b", 1, send=80.0, prompt_tokens=600),  # still waiting at 110 s: 30 s and counting
     ])  # fmt: skip
+    c = ProgramRecord("c", 2.0, start=2.0, turns=[TurnRecord("c", 0, send=2.0, prompt_tokens=800)])  # parked all along
     f = window_figures(
-        ReplayResult([a, b], 110.0), protocol, {"start": {"host_loaded_tokens": 50}, "end": {"host_loaded_tokens": 350}}
+        ReplayResult([a, b, c], 110.0),
+        protocol,
+        {"start": {"host_loaded_tokens": 50}, "end": {"host_loaded_tokens": 350}},
     )
     assert f["turns_finished"] == 3 and f["turns_sent"] == 3  # a1, a2, b1 sent; a1, a2, b0 finished
     assert f["output_tokens_per_s"] == pytest.approx(30 / 100.0)
@@ -65,8 +68,10 @@ def test_window_figures_count_only_the_window_and_a_waiting_turn_with_its_wait_s
     assert f["cached_host_tokens"] == 300 and f["cached_device_tokens"] == 1010 + 110 - 300
     assert f["reprefilled_tokens"] == 0 + (1110 - 110)
     assert f["ttft_max_s"] == pytest.approx(30.0)  # b1 never got its first token: it waited 30 s by the end
-    assert f["longest_wait_s"] == pytest.approx(30.0) and f["longest_later_turn_wait_s"] == pytest.approx(30.0)
-    assert f["longest_first_turn_wait_s"] is None  # no first turn was sent in the window
+    assert f["longest_later_turn_wait_s"] == pytest.approx(30.0)
+    # c's first turn, sent in the warm-up and never admitted, waited the whole run: a parked session counts
+    assert f["longest_first_turn_wait_s"] == pytest.approx(108.0) and f["longest_wait_s"] == pytest.approx(108.0)
+    assert f["first_turns_waiting_at_end"] == 1
     assert f["host_loaded_tokens_in_window"] == 300
 
 

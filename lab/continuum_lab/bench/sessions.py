@@ -12,7 +12,8 @@ up there, which is where a KV policy can win or lose.
   gaps raw or capped at ``max_gap_s`` (ThunderAgent caps think time at 10 s).
 - ``window_figures``: what a run did between ``warmup_s`` and ``warmup_s + window_s``, from the
   replay's records. A turn still waiting at the window's end counts with the time it had waited
-  (a lower bound): a policy that parks turns cannot hide them by never finishing them.
+  (a lower bound), and the longest waits count every turn that waited during the window, sent
+  before it or in it: a policy that parks sessions cannot hide them by never serving them.
 """
 
 from __future__ import annotations
@@ -80,12 +81,16 @@ def window_figures(result: ReplayResult, protocol: SessionsProtocol, counters: O
     and written, busy seconds) at the window's start and end (``{"start": {...}, "end": {...}}``)."""
     lo, hi = protocol.warmup_s, protocol.end_s
     finished, sent = [], []
+    waits = []  # (seconds waited by the window's end or until admitted, turn index): turns waiting in the window
     reprefilled = 0
     for program in result.programs:
         previous = None
         for t in program.turns:
             if lo <= t.send < hi:
                 sent.append(t)
+            admitted = None if t.queue_time_s is None else t.send + t.queue_time_s
+            if t.send < hi and (admitted is None or admitted >= lo):
+                waits.append(((hi if admitted is None else min(admitted, hi)) - t.send, t.turn))
             if t.error is None and t.finish is not None and lo <= t.finish < hi:
                 finished.append(t)
                 if previous is not None and previous.finish is not None:
@@ -93,7 +98,6 @@ def window_figures(result: ReplayResult, protocol: SessionsProtocol, counters: O
             previous = t
     # a turn without its first token (admission) by the window's end waited at least until then
     ttft = [min(t.first_token, hi) - t.send if t.first_token is not None else hi - t.send for t in sent]
-    waits = [(t.queue_time_s if t.queue_time_s is not None else hi - t.send, t.turn) for t in sent]
     prompt = sum(t.prompt_tokens for t in finished)
     cached = sum(t.cached_tokens for t in finished)
     host = sum(t.cached_host_tokens for t in finished)
@@ -119,6 +123,7 @@ def window_figures(result: ReplayResult, protocol: SessionsProtocol, counters: O
         "longest_wait_s": max((w for w, _ in waits), default=None),
         "longest_first_turn_wait_s": max((w for w, turn in waits if turn == 0), default=None),
         "longest_later_turn_wait_s": max((w for w, turn in waits if turn > 0), default=None),
+        "first_turns_waiting_at_end": sum(1 for p in result.programs if p.turns and p.turns[0].queue_time_s is None),
     }
     if counters is not None and "start" in counters and "end" in counters:
         start, end = counters["start"], counters["end"]

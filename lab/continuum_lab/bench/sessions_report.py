@@ -30,6 +30,7 @@ COLUMNS = (
     ("reprefilled_tokens", "re-prefilled Mtok", "{:.1f}"),
     ("host_loaded_tokens_in_window", "host loads Mtok", "{:.1f}"),
     ("longest_wait_s", "longest wait s", "{:.1f}"),
+    ("first_turns_waiting_at_end", "first turns waiting at end", "{:.0f}"),
 )
 MEGA = {"reprefilled_tokens", "host_loaded_tokens_in_window"}
 

@@ -11,7 +11,7 @@ from typing import Iterable, Iterator, Optional
 
 from continuum_lab.bench import sessions_report
 from continuum_lab.bench.policies import parse_policy
-from continuum_lab.bench.replay import Replayer
+from continuum_lab.bench.replay import Replayer, ReplayResult
 from continuum_lab.bench.sessions import SessionsProtocol, session_programs, window_figures
 from continuum_lab.harness.server import SGLangServer
 
@@ -57,6 +57,16 @@ def server_runs(grid, args, programs, server_args: list[str], env: dict, server_
         yield {"policy": policy, "seed": seed, "sessions": {"protocol": protocol.to_dict(), "figures": figures}}
 
 
+def _figures(run: dict) -> dict:
+    """A run's window figures, computed again from its records when it kept them (``--reuse-runs``
+    then reports with today's definitions)."""
+    window = run["sessions"]
+    if "replay" not in run:
+        return window["figures"]
+    protocol = SessionsProtocol(**window["protocol"])
+    return window_figures(ReplayResult.from_dict(run["replay"]), protocol, window["counters"])
+
+
 def run_grid(runs: Iterable[dict], args, programs, pool: int, profile: Optional[str], command: str) -> int:
     started = time.time()
     records = []
@@ -67,7 +77,7 @@ def run_grid(runs: Iterable[dict], args, programs, pool: int, profile: Optional[
             "policy": run["policy"],
             "sessions": n,
             "seed": run["seed"],
-            "figures": window["figures"],
+            "figures": _figures(run),
             "protocol": window["protocol"],
         }
         if "emulator" in run:

@@ -145,7 +145,11 @@ def emulate(
 
         at = driver.counters_at
         counters = {"start": at.get(sessions.warmup_s, {}), "end": at[sessions.end_s]}
-        window = {"protocol": sessions.to_dict(), "figures": window_figures(result, sessions, counters)}
+        window = {
+            "protocol": sessions.to_dict(),
+            "counters": counters,
+            "figures": window_figures(result, sessions, counters),
+        }
     return {
         "policy": policy,
         "seed": seed,
