@@ -276,19 +276,11 @@ class Replayer:
     async def run(self, programs: list[Program], jps: float) -> ReplayResult:
         arrivals = arrival_times(len(programs), jps, self.seed)
         records = [ProgramRecord(p.program_id, a) for p, a in zip(programs, arrivals)]
-        limits = httpx.Limits(max_connections=len(programs) + 4, max_keepalive_connections=len(programs) + 4)
-        async with httpx.AsyncClient(timeout=self.timeout_s, limits=limits) as client:
-            urls = self.metrics_urls or [self.url]
-            before = [await _metrics(client, u) for u in urls]
-            self.t0 = time.perf_counter()
-            marks: dict[str, str] = {}
-            scraper = asyncio.create_task(self._scrape_marks(client, urls, marks))
+
+        async def drive(client: httpx.AsyncClient) -> None:
             await asyncio.gather(*(self._program(client, p, r) for p, r in zip(programs, records)))
-            wall = self._now()
-            scraper.cancel()  # marks past the end of the run are not scraped
-            after = await _rested_metrics(client, urls)
-        per_worker = list(zip(urls, before, after)) if self.metrics_urls else []
-        return ReplayResult(records, wall, "\n".join(before), "\n".join(after), per_worker, marks)
+
+        return await self._measured(len(programs), drive, records)
 
     async def run_sessions(
         self, sessions: Iterator[Program], concurrency: int, start_times: list[float], until: float
@@ -297,29 +289,39 @@ class Replayer:
         ``sessions`` when it ends, until ``until`` seconds in: then every turn still in flight is
         cancelled (the server aborts a request whose client went away) and left unfinished."""
         records: list[ProgramRecord] = []
-        limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
 
-        async def slot(start: float) -> None:
+        async def slot(client: httpx.AsyncClient, start: float) -> None:
             await asyncio.sleep(max(0.0, start - self._now()))
             while True:
                 program = next(sessions)
                 records.append(rec := ProgramRecord(program.program_id, self._now()))
                 await self._program(client, program, rec)
 
+        async def drive(client: httpx.AsyncClient) -> None:
+            slots = [asyncio.create_task(slot(client, at)) for at in start_times[:concurrency]]
+            await asyncio.sleep(until)
+            for task in slots:
+                task.cancel()
+            await asyncio.gather(*slots, return_exceptions=True)
+
+        return await self._measured(concurrency, drive, records)
+
+    async def _measured(self, connections: int, drive: Callable, records: list[ProgramRecord]) -> ReplayResult:
+        """``drive(client)`` against the server, with ``/metrics`` scraped before, at the marks
+        and once the plugin's counters have settled after it."""
+        limits = httpx.Limits(max_connections=connections + 4, max_keepalive_connections=connections + 4)
         async with httpx.AsyncClient(timeout=self.timeout_s, limits=limits) as client:
             urls = self.metrics_urls or [self.url]
             before = [await _metrics(client, u) for u in urls]
             self.t0 = time.perf_counter()
             marks: dict[str, str] = {}
             scraper = asyncio.create_task(self._scrape_marks(client, urls, marks))
-            slots = [asyncio.create_task(slot(at)) for at in start_times[:concurrency]]
-            await asyncio.sleep(until)
+            await drive(client)
             wall = self._now()
-            for task in (*slots, scraper):
-                task.cancel()
-            await asyncio.gather(*slots, scraper, return_exceptions=True)
+            scraper.cancel()  # marks past the end of the run are not scraped
             after = await _rested_metrics(client, urls)
-        return ReplayResult(records, wall, "\n".join(before), "\n".join(after), [], marks)
+        per_worker = list(zip(urls, before, after)) if self.metrics_urls else []
+        return ReplayResult(records, wall, "\n".join(before), "\n".join(after), per_worker, marks)
 
     async def _scrape_marks(self, client: httpx.AsyncClient, urls: list[str], marks: dict[str, str]) -> None:
         for at in self.scrape_at:
