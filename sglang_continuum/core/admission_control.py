@@ -2,8 +2,9 @@
 
 A first turn waits while the capacity cannot hold the working sets of the programs already in
 flight (``ProgramRegistry``: programs with a turn waiting or running, and those out on a tool that
-hold a pin, or with a host tier those seen within the working-set window) plus its own, each counted at least at the mean final context of the programs that ended:
-agent contexts grow, so a first turn is a fraction of what its program will need. An overdue first
+hold a pin, or with a host tier those seen within the working-set window) plus its own, each
+counted at least at the mean final context of the programs that ended: agent contexts grow, so a
+first turn is a fraction of what its program will need. An overdue first
 turn waits for room like any other (bounded waiting orders the queue; it does not open the door,
 and an open door is how the wave that thrashes the pool gets in), but it waits first: while an
 overdue first turn is held, the first turns behind it in the queue wait too, so that smaller new

@@ -8,7 +8,8 @@ it held (a pin, a host pin) outlives it.
 The registry also keeps the **working set**: the current context tokens of programs that have
 been admitted at least once and were seen within ``working_set_window_s`` -- the programs the
 pool should hold for their next turn. Program-level admission control reads it. The owner lets a
-program go sooner (``let_go``) when the policy keeps none of its KV while it is out on a tool.
+program go sooner (``let_go``) when the policy keeps none of its KV while it is out on a tool (and
+there is no host tier for it to wait on).
 """
 
 from __future__ import annotations
