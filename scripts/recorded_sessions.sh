@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Recorded agents at fixed session concurrency past the KV cliff (issue 40), EMULATED on the H100 +
+# Llama-3.1-8B profile with its real pool (454k tokens) and a 200 GB host tier (1.53M tokens).
+# Every figure is a PREDICTION. Reports: docs/results/recorded-sessions/*/report.md.
+#   bash scripts/recorded_sessions.sh [OUT]     (default docs/results/recorded-sessions; ~1.5 h on 2 cores alone)
+# Per-run files land in RUNS (default /tmp/recorded-sessions) and are not committed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+OUT=${1:-docs/results/recorded-sessions}
+RUNS=${RUNS:-/tmp/recorded-sessions}
+H100=configs/profiles/h100-sglang-llama-3.1-8b.json
+CC=workloads/imported/claude-code-kvtester.jsonl
+HOST="--hicache-size 200"
+STOCK_HOST=fcfs+hicache,lpm+hicache,fcfs+hicache-write-back,lpm+hicache-write-back
+
+sessions() { # NAME WORKLOAD POLICIES N-LIST SEEDS [extra bench flags]
+    local name=$1 wl=$2 policies=$3 n=$4 seeds=$5
+    shift 5
+    "$PY" -m continuum_lab.cli.bench --emulate "$H100" --workload "$wl" --policies "$policies" --sessions "$n" \
+        --seeds "$seeds" --window-s 1200 --warmup-s 600 --server-args "$HOST" --jobs 2 --out "$RUNS/$name" "$@"
+    mkdir -p "$OUT/$name"
+    cp "$RUNS/$name"/report.md "$RUNS/$name"/*.png "$OUT/$name/"  # report.json stays with the runs
+}
+
+# the N sweep, think/tool gaps capped at 10 s (ThunderAgent's protocol): every policy, seed 1
+sessions claude-code-capped "$CC" "fcfs,lpm,$STOCK_HOST,continuum,continuum+hicache" 4,16,32,96 1 --max-gap-s 10
+# past the host cliff over seeds (seed 1's runs are the sweep's)
+mkdir -p "$RUNS/claude-code-capped-seeds/runs"
+cp "$RUNS"/claude-code-capped/runs/{fcfs,lpm,continuum}+hicache-n96-s1-r0.json "$RUNS/claude-code-capped-seeds/runs/"
+sessions claude-code-capped-seeds "$CC" fcfs+hicache,lpm+hicache,continuum+hicache 96 1,2 --max-gap-s 10 --reuse-runs
