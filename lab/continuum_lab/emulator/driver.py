@@ -3,8 +3,8 @@
 Programs arrive as the same seeded Poisson process as ``bench/replay.py`` (``arrival_times``),
 or (``run_sessions``, the field's protocol in ``bench/sessions.py``) N sessions stay in flight for
 a fixed window, a finished one replaced at once by the next. A program sends its first turn on
-arrival; each later turn is sent when the previous one
-finished plus that turn's tool duration; the last turn carries ``is_last_step``. Between sends the
+arrival; each later turn is sent when the previous one finished plus that turn's tool duration;
+the last turn carries ``is_last_step``. Between sends the
 real scheduler steps, and every step moves the virtual clock by the profile's latency for the
 batch it ran. Nothing reads wall time, so the same inputs give the same records.
 
