@@ -4,12 +4,13 @@ Only requests that carry no program id reach this code (a request with an explic
 ``if``). At arrival, the request's prompt ids (SGLang's ``Req.origin_input_ids``, an
 ``array('q')`` hashed without a copy) are matched against the contexts of finished turns
 (``core/program_inference.py``). A request that continues one is a turn of that program: same
-pins, budget, shedding and ending rules as any program id. A request that continues nothing is
-served exactly as under FCFS (no program: no pin, no program order, no admission control) --
-single-shot traffic never pays for pins -- but its finished context is remembered under a
-*provisional* program id for ``PROVISIONAL_TTL_S``, so that its next turn, if one comes, makes it a
-program. An agent's first tool gap therefore goes unpinned; every later one is pinned like an
-explicit program's.
+pins, budget, shedding and ending rules as any program id. A request that continues nothing opens
+a new id, and its finished context is remembered under it for ``PROVISIONAL_TTL_S``, so that its
+next turn, if one comes, continues it. Whether that first turn is already a program depends on the
+traffic (``core/first_turns.py``): while most such requests were continued lately, it is (its first
+tool gap is pinned like any later one, as an agent that sends ids gets); otherwise it is served
+exactly as under FCFS (no program: no pin, no program order, no admission control), so
+single-shot traffic never pays for pins.
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Callable, Optional
 
 from sglang_continuum.core.event_log import EventLog
-from sglang_continuum.core.metadata import SOURCE_INFERRED, SOURCE_NONE, ProgramMeta
+from sglang_continuum.core.first_turns import FirstTurns
+from sglang_continuum.core.metadata import SOURCE_FIRST_TURN, SOURCE_INFERRED, SOURCE_NONE, ProgramMeta
 from sglang_continuum.core.program_inference import ProgramIndex
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
 
-PROVISIONAL_ATTR = "_continuum_provisional"  # the provisional program id of a request with no program
+FIRST_TURN_ATTR = "_continuum_first_turn"  # the id a request that continued nothing opened
 # how long a single request's context waits for a next turn to make it a program: longer than a
 # tool call takes, far shorter than single-shot traffic takes to fill the index
 PROVISIONAL_TTL_S = 300.0
@@ -32,7 +34,7 @@ PROVISIONAL_TTL_S = 300.0
 
 def is_inferred(meta: ProgramMeta) -> bool:
     """The program id was made here (a continuation found by prefix, or a new inferred program)."""
-    return meta.has_program and meta.source in (SOURCE_INFERRED, SOURCE_NONE)
+    return meta.has_program and meta.source in (SOURCE_INFERRED, SOURCE_FIRST_TURN)
 
 
 class ProgramInference:
@@ -44,6 +46,7 @@ class ProgramInference:
         self._clock = clock
         # recorded, not (yet) a program -> when; oldest first, bounded in time and number
         self._provisional: OrderedDict[str, float] = OrderedDict()
+        self.first_turns = FirstTurns()
         self._log = event_log
 
     def alive(self, program_id: str) -> bool:
@@ -51,37 +54,44 @@ class ProgramInference:
         return program_id in self._provisional or self._registered(program_id)
 
     def attribute(self, req: "Req") -> ProgramMeta:
-        """The program ``req`` (no explicit id) continues; else no program (a provisional id is
-        kept on the request for ``provisional_finished``)."""
+        """The program ``req`` (no explicit id) continues; else a new id, kept on the request, which
+        is a new program's if first turns are lately continued, else nobody's (provisional)."""
         self._expire()
         pid = self.index.match(req.origin_input_ids, self.alive)
         if pid is not None:
             self._provisional.pop(pid, None)  # it is a program now
+            self.first_turns.continued(pid)
             meta = ProgramMeta(pid, source=SOURCE_INFERRED)
-            logged = pid
         else:
-            meta = ProgramMeta(None, source=SOURCE_NONE)
-            logged = self.index.new_program()
-            setattr(req, PROVISIONAL_ATTR, logged)
+            pid = self.index.new_program()
+            setattr(req, FIRST_TURN_ATTR, pid)
+            if self.first_turns.are_programs():
+                meta = ProgramMeta(pid, source=SOURCE_FIRST_TURN)
+            else:
+                meta = ProgramMeta(None, source=SOURCE_NONE)
         if self._log is not None:
-            self._log.attributed(req.rid, logged, meta.source)
+            self._log.attributed(req.rid, pid, meta.source)
         return meta
 
     def provisional_finished(self, req: "Req") -> None:
         """A request with no program finished with its KV in the tree: remember its context under
         its provisional id (bounded, oldest first), in case a next turn continues it."""
-        pid = getattr(req, PROVISIONAL_ATTR, None)
+        pid = getattr(req, FIRST_TURN_ATTR, None)
         if pid is None:
             return
         self._record(pid, req)
+        now = self._clock()
+        self.first_turns.finished(pid, now)
         latest = next(reversed(self._provisional.values()), 0.0)
-        self._provisional[pid] = max(self._clock(), latest)  # kept in time order
+        self._provisional[pid] = max(now, latest)  # kept in time order
         while len(self._provisional) > self.index.max_programs:
             self.index.forget(self._provisional.popitem(last=False)[0])
         self._expire()
 
     def _expire(self) -> None:
-        cutoff = self._clock() - PROVISIONAL_TTL_S
+        now = self._clock()
+        self.first_turns.expire(now)
+        cutoff = now - PROVISIONAL_TTL_S
         provisional = self._provisional
         while provisional and next(iter(provisional.values())) < cutoff:
             self.index.forget(provisional.popitem(last=False)[0])
@@ -89,6 +99,8 @@ class ProgramInference:
     def turn_finished(self, meta: ProgramMeta, req: "Req") -> None:
         """A turn of an inferred program finished with its KV in the tree: if its program goes on
         (no terminal tool ended it), remember where its context ended."""
+        if getattr(req, FIRST_TURN_ATTR, None) == meta.program_id:  # a first turn taken as a program
+            self.first_turns.finished(meta.program_id, self._clock())
         if not self._registered(meta.program_id):  # ended by this turn (terminal tool) or forgotten
             self.index.forget(meta.program_id)
             return
@@ -105,6 +117,7 @@ class ProgramInference:
 
     def check_integrity(self) -> None:
         self.index.check_integrity()
+        self.first_turns.check_integrity()
         assert len(self._provisional) <= self.index.max_programs, "provisional programs over the bound"
         times = list(self._provisional.values())
         assert all(a <= b for a, b in zip(times, times[1:])), "provisional records out of time order"

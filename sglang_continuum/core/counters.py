@@ -75,6 +75,7 @@ class IdentityCounters:
     session_id: int = 0  # SGLang's session_id
     routing_key: int = 0  # SGLang's routing key (X-SMG-Routing-Key)
     inferred: int = 0  # attributed to a program from its prefix
+    first_turn: int = 0  # continued nothing, taken as a new program's first turn
     none: int = 0  # no program: served as under FCFS
 
     def count(self, source: str) -> None:

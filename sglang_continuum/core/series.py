@@ -199,6 +199,12 @@ SERIES: tuple[Series, ...] = (
         "identity.inferred",
         "Requests with no id attributed to a program from their prefix (infer_programs).",
     ),
+    Series(
+        "requests_first_turn",
+        "counter",
+        "identity.first_turn",
+        "Requests with no id that continued nothing, taken as a new program: most such requests lately were continued.",
+    ),
     Series("requests_without_program", "counter", "identity.none", "Requests served with no program (as under fcfs)."),
     # routing: did each program's turns reach one worker? (needs the client's step numbers)
     Series("programs_seen", "counter", "programs.seen", "Programs whose first turn seen here was new to this worker."),

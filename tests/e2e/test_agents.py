@@ -101,7 +101,8 @@ def test_plain_mini_swe_agent_programs_are_inferred_and_their_later_turns_hit_pi
 ):
     """``--plain``: mini-swe-agent's stock model class, no program metadata (only the grammar in
     ``extra_body``). The server must find each run's later turns from the prefix: the first turn
-    continues nothing (served as under fcfs), every later one continues its own run's program."""
+    continues nothing and, with no earlier first turn continued on this server, is served as under
+    fcfs; every later one continues its own run's program."""
     tasks_dir = tmp_path / "tasks"
     for name in ("gamma", "delta"):  # prompts unlike the other test's: nothing of theirs is cached
         write_task(tasks_dir, name, ["sleep 0.4 && cat notes.txt"])

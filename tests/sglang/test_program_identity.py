@@ -10,6 +10,7 @@ import random
 import pytest
 
 from continuum_lab.harness.inprocess import SchedulerDriver, build_scheduler, release_parallel_runtime
+from sglang_continuum.core.first_turns import FirstTurns
 from tests.support import fixed_ttl_env
 
 pytestmark = pytest.mark.sglang
@@ -39,6 +40,11 @@ def drain_pins(driver):
     cache = driver.s.tree_cache
     for pin in cache.controller.pins:
         cache.end_program(pin.program_id)
+
+
+def no_first_turn_evidence(driver, return_s=60.0):
+    """Nothing known yet of whether requests that continue nothing are agents' first turns."""
+    driver.s.tree_cache.inference.first_turns = FirstTurns(return_s=return_s)
 
 
 def test_routing_key_alone_makes_a_program_whose_next_turn_hits_its_pin(driver):
@@ -74,6 +80,7 @@ def test_a_program_with_no_ids_is_inferred_from_its_prefix_and_hits_its_pin(driv
     never looked up."""
     rng = random.Random(12)
     drain_pins(driver)
+    no_first_turn_evidence(driver)
     cache = driver.s.tree_cache
     controller, identity = cache.controller, cache.controller.identity
     before = (identity.inferred, identity.none, controller.counters.hits, controller.counters.created)
@@ -82,7 +89,7 @@ def test_a_program_with_no_ids_is_inferred_from_its_prefix_and_hits_its_pin(driv
     driver.run_until_idle()
     tag1 = driver.req(r1)._continuum_tag
     assert tag1.meta.program_id is None and controller.counters.created == before[3]  # served as fcfs
-    provisional = driver.req(r1)._continuum_provisional
+    provisional = driver.req(r1)._continuum_first_turn
     assert provisional in cache.inference.index
     previous = ctx + driver.output_ids(r1)
     r2 = driver.submit(previous + tokens(rng, 12), max_new_tokens=4)
@@ -116,6 +123,7 @@ def test_single_shot_requests_never_pin_and_are_forgotten_within_the_bound(drive
     stays within ``max_programs``."""
     rng = random.Random(13)
     drain_pins(driver)
+    no_first_turn_evidence(driver)
     cache = driver.s.tree_cache
     created = cache.controller.counters.created
     for _ in range(6):
@@ -123,6 +131,56 @@ def test_single_shot_requests_never_pin_and_are_forgotten_within_the_bound(drive
     driver.run_until_idle()
     assert cache.controller.counters.created == created and not len(cache.controller.pins)
     assert len(cache.inference._provisional) <= cache.inference.index.max_programs
+    cache.check_integrity()
+
+
+def test_once_first_turns_are_continued_a_first_turn_is_a_program_and_its_first_gap_is_pinned(driver):
+    """An agent that sends nothing gets its first tool gap pinned, as with ids, once the traffic
+    shows that requests which continue nothing are first turns: here one was continued, so the
+    next such request is a new program from its first turn, pinned when it finishes, and its
+    second turn is admitted onto the pin. When first turns stop being continued (single-shot
+    traffic, past their return time), a new request is served as under fcfs again."""
+    import time
+
+    rng = random.Random(15)
+    drain_pins(driver)
+    no_first_turn_evidence(driver, return_s=0.2)
+    cache = driver.s.tree_cache
+    controller, identity = cache.controller, cache.controller.identity
+    ctx = tokens(rng, 100)  # an earlier agent: its first turn is nobody's, its second continues it
+    r1 = driver.submit(ctx, max_new_tokens=4)
+    driver.run_until_idle()
+    assert driver.req(r1)._continuum_tag.meta.program_id is None
+    r2 = driver.submit(ctx + driver.output_ids(r1) + tokens(rng, 8), max_new_tokens=2)
+    driver.run_until_idle()
+    cache.end_program(driver.req(r2)._continuum_tag.meta.program_id)
+    before = (identity.first_turn, controller.counters.created, controller.counters.hits)
+    ctx = tokens(rng, 140)
+    r3 = driver.submit(ctx, max_new_tokens=6)
+    driver.run_until_idle()
+    tag3 = driver.req(r3)._continuum_tag
+    pid = tag3.meta.program_id
+    assert pid is not None and tag3.meta.source == "first_turn"
+    assert controller.pins.get(pid) is not None  # the first tool gap is pinned
+    previous = ctx + driver.output_ids(r3)
+    r4 = driver.submit(previous + tokens(rng, 10), max_new_tokens=2)
+    driver.run_until_idle()
+    assert driver.req(r4)._continuum_tag.meta.program_id == pid
+    assert driver.req(r4).cached_tokens == len(previous) - 1
+    assert (identity.first_turn, controller.counters.hits) == (before[0] + 1, before[2] + 1)
+    assert controller.counters.created == before[1] + 2  # turn 3's pin (hit) and turn 4's
+    cache.end_program(pid)
+    for _ in range(3):  # single-shot traffic now: taken as programs while the evidence says so...
+        driver.submit(tokens(rng, 40), max_new_tokens=2)
+    driver.run_until_idle()
+    time.sleep(0.3)  # ... none continued within its return time
+    r5 = driver.submit(tokens(rng, 40), max_new_tokens=2)
+    driver.run_until_idle()
+    assert driver.req(r5)._continuum_tag.meta.program_id is None  # 2 continued, 3 not
+    assert not cache.inference.first_turns.are_programs()
+    drain_pins(driver)
+    for pid in [s.program_id for s in list(controller.programs) if s.program_id.startswith("inferred-")]:
+        cache.end_program(pid)
     cache.check_integrity()
 
 
@@ -137,6 +195,6 @@ def test_sglang_health_probes_are_not_remembered_as_programs(driver):
     rid = driver.submit(tokens(rng, 40), max_new_tokens=2, rid=f"{HEALTH_CHECK_RID_PREFIX}_probe")
     driver.run_until_idle()
     req = driver.req(rid)
-    assert req.finished() and getattr(req, "_continuum_provisional", None) is None
+    assert req.finished() and getattr(req, "_continuum_first_turn", None) is None
     assert len(cache.inference._provisional) <= remembered
     cache.check_integrity()

@@ -2,7 +2,8 @@
 
 The server writes, per request with no id, the program it attributed the request to (its
 ``event_log``: ``{"event": "attributed", "rid", "program_id", "source"}``; ``source`` is
-``inferred`` for a continuation found by prefix, ``none`` for a new inferred program). The replay names each request
+``inferred`` for a continuation found by prefix, ``first_turn`` or ``none`` for a new id: a program from its
+first turn, or provisional until a continuation makes it one). The replay names each request
 ``<program>#<turn>`` (SGLang's ``rid``), so the truth is known: turn ``i >= 1`` of a program is
 attributed right when it continues the program its turn ``i - 1`` was attributed to.
 

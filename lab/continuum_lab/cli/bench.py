@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import sys
 import time
@@ -62,7 +61,7 @@ from continuum_lab.bench.replay import IDENTITIES, Replayer, ReplayResult
 from continuum_lab.bench.report import markdown_table, plots, summarize
 from continuum_lab.bench.seeds import aggregate, collapsed_flags, headline, run_order, seeds_table
 from continuum_lab.harness.fleet import ROUTER_ARGS, ROUTER_POLICIES, Fleet, fleet_summary, worker_table
-from continuum_lab.harness.server import GPU_SHIM_ENV, GPU_SHIM_FLAGS, SGLangServer, cpu_split, tree_cores
+from continuum_lab.harness.server import GPU_SHIM_ENV, GPU_SHIM_FLAGS, SGLangServer, cpu_split, on_cores, tree_cores
 from continuum_lab.workloads.schema import load_workload
 
 
@@ -542,16 +541,9 @@ def _emulated_runs(grid, args, pool: int, extra_env: dict):
 def _run(replayer: Replayer, programs, jps: float, desc: str, total_turns: int, cpus: Optional[set[int]] = None):
     import asyncio
 
-    before = os.sched_getaffinity(0) if cpus else None
-    if cpus:
-        os.sched_setaffinity(0, cpus)
-    try:
-        with tqdm(total=total_turns, desc=desc, unit="turn", mininterval=2.0) as bar:
-            replayer.on_turn = lambda t: bar.update(1)
-            return asyncio.run(replayer.run(programs, jps))
-    finally:
-        if before:
-            os.sched_setaffinity(0, before)
+    with on_cores(cpus), tqdm(total=total_turns, desc=desc, unit="turn", mininterval=2.0) as bar:
+        replayer.on_turn = lambda t: bar.update(1)
+        return asyncio.run(replayer.run(programs, jps))
 
 
 if __name__ == "__main__":

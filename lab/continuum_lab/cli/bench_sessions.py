@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from typing import Iterable, Iterator, Optional
 
@@ -13,7 +12,7 @@ from continuum_lab.bench import sessions_report
 from continuum_lab.bench.policies import parse_policy
 from continuum_lab.bench.replay import Replayer, ReplayResult
 from continuum_lab.bench.sessions import SessionsProtocol, session_programs, window_figures
-from continuum_lab.harness.server import SGLangServer
+from continuum_lab.harness.server import SGLangServer, on_cores
 
 LOADED = "sglang:load_back_tokens_total"  # SGLang's own count of tokens HiCache loaded back
 
@@ -38,17 +37,11 @@ def server_runs(grid, args, programs, server_args: list[str], env: dict, server_
         with SGLangServer(args.model, [*flags, *server_args], env={**policy_env, **env}, log_path=log,
                           cpu=not args.gpu, cpus=server_cpus) as server:  # fmt: skip
             replayer.url = server.url
-            before = os.sched_getaffinity(0) if client_cpus else None
-            if client_cpus:
-                os.sched_setaffinity(0, client_cpus)
-            try:
+            with on_cores(client_cpus):
                 source = session_programs(programs, seed, protocol.max_gap_s)
                 result = asyncio.run(
                     replayer.run_sessions(source, protocol.concurrency, protocol.start_times(), protocol.end_s)
                 )
-            finally:
-                if before:
-                    os.sched_setaffinity(0, before)
             server.stop(graceful=False)
         warm = result.metrics_at.get(f"{protocol.warmup_s:g}", "")
         counters = {"start": {"host_loaded_tokens": _series(warm, LOADED)},

@@ -9,8 +9,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Iterator, Mapping, Optional, Sequence
 
 import httpx
 
@@ -199,6 +200,19 @@ def cpu_split(pin: bool) -> tuple[Optional[set[int]], Optional[set[int]]]:
     if not pin or len(cores) < 2:
         return None, None
     return set(cores[:-1]), {cores[-1]}
+
+
+@contextmanager
+def on_cores(cores: Optional[set[int]]) -> Iterator[None]:
+    """Run this process on ``cores`` (the replay client's, ``cpu_split``) for the block; None: as is."""
+    before = os.sched_getaffinity(0) if cores else None
+    if cores:
+        os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        if before:
+            os.sched_setaffinity(0, before)
 
 
 def tree_cores(pid: int) -> list[int]:

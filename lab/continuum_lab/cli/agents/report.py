@@ -123,7 +123,7 @@ def identity_section(runs: list[dict]) -> list[str]:
         "identity source are `/metrics` deltas (the most trusted source present counts); later turns are model "
         "calls after a task's first.",
         "",
-        "| run | identity | model calls | requests by program_id / session_id / routing_key / inferred / none "
+        "| run | identity | model calls | requests by program_id / session_id / routing_key / inferred / first_turn / none "
         "| later turns | with cached tokens | mean cached fraction | pins made | pin hits | pin expiries "
         "| mean TTL decided (s) | pins left | attribution recall | attribution precision |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",

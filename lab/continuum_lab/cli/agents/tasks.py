@@ -19,7 +19,7 @@ IDENTITIES = ("ids", "plain")  # program ids sent three ways | stock mini-swe-ag
 # where each request's program id came from, as /metrics counts it (docs/program-identity.md)
 IDENTITY_SERIES = {
     source: series_name(f"identity.{source}")
-    for source in ("program_id", "session_id", "routing_key", "inferred", "none")
+    for source in ("program_id", "session_id", "routing_key", "inferred", "first_turn", "none")
 }
 PIN_SERIES = {
     "pins_created": series_name("counters.created"),
