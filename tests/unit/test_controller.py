@@ -444,12 +444,14 @@ def test_arrivals_are_counted_by_where_their_program_id_came_from():
     c.turn_arrived(ProgramMeta("c", source="routing_key"))
     c.turn_arrived(ProgramMeta("c", source="routing_key"))
     c.turn_arrived(ProgramMeta("d", source="inferred"))
+    c.turn_arrived(ProgramMeta("e", source="first_turn"))
     c.turn_arrived(ProgramMeta())
     assert c.snapshot()["identity"] == {
         "program_id": 1,
         "session_id": 1,
         "routing_key": 2,
         "inferred": 1,
+        "first_turn": 1,
         "none": 1,
     }
 
