@@ -110,17 +110,38 @@ def pressure_workload(tmp_path_factory):
     return dump_workload(programs, tmp_path_factory.mktemp("emu") / "swe.jsonl"), programs
 
 
-def test_continuum_runs_are_deterministic_and_return_every_kv_slot(tmp_path, pressure_workload):
+def _bench_forked_run(tmp_path, workload, policy, *, pool, jps, seed):
+    """The same run as ``_emulate``'s, started by ``continuum-bench --emulate``: forked from its
+    server that imported SGLang once (``emulator/preload.py``)."""
+    from continuum_lab.cli.bench import main
+
+    out = tmp_path / "bench"
+    argv = [
+        "--emulate", str(_profile(tmp_path)), "--workload", str(workload), "--policies", policy,
+        "--jps", str(jps), "--seeds", str(seed), "--max-total-tokens", str(pool), "--vocab", "1000", "--out", str(out),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    return json.loads((out / "runs" / f"{policy}-{jps:g}-s{seed}-r0.json").read_text())
+
+
+def test_continuum_runs_are_deterministic_forked_or_fresh_and_return_every_kv_slot(tmp_path, pressure_workload):
     workload, programs = pressure_workload
     pool = int(2.5 * sum(p.context_tokens for p in programs) / len(programs))
     # a fixed TTL, so that pins are made and hit: with these short contexts (misses cost ~0.1 s)
     # and ~1 s tools the cost model rightly pins nothing
     # side by side on the machine's two cores: virtual time does not see the contention
     with ThreadPoolExecutor(2) as pool_:
-        a, b = pool_.map(
-            lambda name: _emulate(tmp_path, workload, "continuum-fixed", pool=pool, jps=2.0, seed=1, name=name), "ab"
-        )
+        fresh = pool_.submit(_emulate, tmp_path, workload, "continuum-fixed", pool=pool, jps=2.0, seed=1)
+        forked = pool_.submit(_bench_forked_run, tmp_path, workload, "continuum-fixed", pool=pool, jps=2.0, seed=1)
+        a, b = fresh.result(), forked.result()
     assert a["replay"] == b["replay"]
+    # nothing the fork server imported carried state into the run: the plugin's series agree (SGLang's
+    # own include wall-clock timings and the model's temp path)
+    plugin_series = [
+        [ln for ln in r["metrics_after"].splitlines() if ln.startswith("sglang:continuum_") and "_created" not in ln]
+        for r in (a, b)
+    ]
+    assert plugin_series[0] == plugin_series[1] != []
     turns = _turns(a)
     assert len(turns) == sum(len(p.turns) for p in programs)
     assert all(

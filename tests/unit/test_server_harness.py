@@ -1,4 +1,4 @@
-"""The lab's server helper (``continuum_lab.harness.server``) when its HTTP port is taken.
+"""The lab's server helper (``continuum_lab.harness.server``): its HTTP port taken, its cores.
 
 The launcher here is a stand-in for ``sglang.launch_server`` at the one thing under test, the
 port: it binds ``--port`` as uvicorn does (SO_REUSEADDR), answers ``/health``, and exits with
@@ -6,6 +6,7 @@ uvicorn's "address already in use" when it cannot bind. A real launcher finds th
 into its start-up, which is what made this race worth handling (seen in CI).
 """
 
+import os
 import socket
 import sys
 
@@ -13,11 +14,12 @@ import httpx
 import pytest
 
 from continuum_lab.harness import server as server_module
-from continuum_lab.harness.server import SGLangServer
+from continuum_lab.harness.server import SGLangServer, tree_cores
 
 LAUNCHER = r"""
-import http.server, socket, sys
+import http.server, os, socket, sys
 port = int(sys.argv[sys.argv.index("--port") + 1])
+print("started on cores", sorted(os.sched_getaffinity(0)), flush=True)
 
 class Health(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
@@ -78,3 +80,15 @@ def test_a_chosen_port_already_taken_is_swapped_before_launching(squatter, monke
     with launcher_server(startup_timeout_s=30) as srv:
         assert srv.port != squatter
         assert httpx.get(srv.url + "/health", timeout=10).status_code == 200
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs a core to pin to and another to leave")
+def test_a_pinned_server_starts_on_every_core_and_is_pinned_once_it_answers(tmp_path):
+    """Start-up on every core (SGLang's three processes import side by side), then every thread on
+    the server's cores before anyone measures it, with thread pools sized for those cores."""
+    every = sorted(os.sched_getaffinity(0))
+    log = tmp_path / "server.log"
+    with launcher_server(cpus={every[0]}, log_path=log, startup_timeout_s=30) as srv:
+        assert srv.env["OMP_NUM_THREADS"] == "1"
+        assert tree_cores(srv.proc.pid) == [every[0]]
+    assert f"started on cores {every}" in log.read_text()

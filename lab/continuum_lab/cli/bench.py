@@ -14,8 +14,9 @@ and the replay's tokens), interleaved (``run_order``: policies innermost, so dri
 all alike), and reports per policy the median, IQR and worst run, ratios against fcfs on the same
 seed and against the best stock policy, the worst request wait and P99 request latency, and
 collapsed runs (``bench/seeds.py``). On 2+ cores the server runs on all cores but the last and
-the replay client on the last (``--no-pin-cpus`` turns that off); each run records the cores its
-server's threads were really allowed (``server_cores``).
+the replay client on the last (``--no-pin-cpus`` turns that off; the server starts on every core
+and is pinned once up, before the replay); each run records the cores its server's threads were
+really allowed (``server_cores``).
 ``--url`` replays against an already running server instead (one policy, e.g. vLLM).
 
 ``--identity routing-key`` sends only SGLang's routing key; ``--identity none`` (``--no-ids``) sends
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import time
@@ -497,16 +499,25 @@ def emulated_pool(latency) -> int:
 
 def _emulated_runs(grid, args, pool: int, extra_env: dict):
     """Each grid cell in its own ``emulator.run`` process, ``--jobs`` at a time; yields the runs in
-    grid order."""
-    import subprocess
+    grid order. The processes are forked from one server that imported SGLang once
+    (``emulator/preload.py``), with the bench's SGLang environment already in force there."""
+    import multiprocessing
     from concurrent.futures import ThreadPoolExecutor
+
+    from continuum_lab.emulator.run import main_logged
+    from sglang_continuum.core.settings import ENV_PREFIX
+
+    # a run applies its SGLang variables before importing SGLang; forked runs import nothing, so
+    # the server that imports it for them gets them first (the plugin's are each run's own)
+    os.environ.update({k: v for k, v in extra_env.items() if not k.startswith(ENV_PREFIX)})
+    forks = multiprocessing.get_context("forkserver")
+    forks.set_forkserver_preload(["continuum_lab.emulator.preload"])
 
     def one(cell) -> dict:
         repeat, seed, jps, policy = cell  # with --sessions, ``jps`` is the session count
         load = f"n{jps:g}" if args.sessions else f"{jps:g}"
         out = args.out / "runs" / f"{policy}-{load}-s{seed}-r{repeat}.json"
         cmd = [
-            sys.executable, "-m", "continuum_lab.emulator.run",
             "--workload", str(args.workload), "--policy", policy, "--profile", str(args.emulate),
             "--jps", str(jps), "--seed", str(seed), "--max-total-tokens", str(pool),
             "--programs", str(args.programs), "--vocab", str(min(args.vocab, 1000)),
@@ -527,8 +538,10 @@ def _emulated_runs(grid, args, pool: int, extra_env: dict):
             return json.loads(out.read_text())
         log = out.with_suffix(".log")
         out.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("w") as f:
-            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
+        child = forks.Process(target=main_logged, args=(cmd, str(log)), name=f"emulate {policy} s{seed}")
+        child.start()
+        child.join()
+        rc = child.exitcode
         if rc != 0:
             tail = log.read_text()[-2000:]
             raise RuntimeError(f"emulated run {policy} seed {seed} @ {load} failed (rc {rc}); log {log}:\n{tail}")

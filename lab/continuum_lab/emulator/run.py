@@ -1,7 +1,8 @@
 """One emulated run: one policy, one seed, one load; writes the run as JSON.
 
-``continuum-bench --emulate`` starts this in a fresh process per run (as the server bench starts
-a fresh server), so no state, plugin setting or Prometheus series leaks from one run to the next:
+``continuum-bench --emulate`` runs each in a fresh process (as the server bench starts a fresh
+server), forked from a server that imported SGLang once (``preload.py``), so no state, plugin
+setting or Prometheus series leaks from one run to the next. By hand:
 
     python -m continuum_lab.emulator.run --workload W --policy continuum \\
         --profile configs/profiles/h100-sglang-llama-3.1-8b.json --jps 0.5 --seed 1 --out run.json
@@ -178,6 +179,14 @@ def emulate(
             "run_s": time.perf_counter() - t0 - build_s,
         },
     }
+
+
+def main_logged(argv: list[str], log_path: str) -> None:
+    """``main(argv)`` with its output in ``log_path``: the target of a run the bench forks."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    sys.exit(main(argv))
 
 
 def main(argv: Optional[list[str]] = None) -> int:
