@@ -2,7 +2,7 @@
 # Recorded agents at fixed session concurrency past the KV cliff (issue 40), EMULATED on the H100 +
 # Llama-3.1-8B profile with its real pool (454k tokens) and a 200 GB host tier (1.53M tokens).
 # Every figure is a PREDICTION. Reports: docs/results/recorded-sessions/*/report.md.
-#   bash scripts/recorded_sessions.sh [OUT]     (default docs/results/recorded-sessions; ~1.5 h on 2 cores alone)
+#   bash scripts/recorded_sessions.sh [OUT]     (default docs/results/recorded-sessions; ~1.8 h on 2 cores alone)
 # Per-run files land in RUNS (default /tmp/recorded-sessions) and are not committed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,4 +28,6 @@ sessions claude-code-capped "$CC" "fcfs,lpm,$STOCK_HOST,continuum,continuum+hica
 # past the host cliff over seeds (seed 1's runs are the sweep's)
 mkdir -p "$RUNS/claude-code-capped-seeds/runs"
 cp "$RUNS"/claude-code-capped/runs/{fcfs,lpm,continuum}+hicache-n96-s1-r0.json "$RUNS/claude-code-capped-seeds/runs/"
-sessions claude-code-capped-seeds "$CC" fcfs+hicache,lpm+hicache,continuum+hicache 96 1,2 --max-gap-s 10 --reuse-runs
+sessions claude-code-capped-seeds "$CC" fcfs+hicache,lpm+hicache,continuum+hicache 96 1,2,3 --max-gap-s 10 --reuse-runs
+# the recorded gaps, uncapped, past the host cliff
+sessions claude-code-raw "$CC" fcfs+hicache,lpm+hicache,continuum+hicache 96 1
