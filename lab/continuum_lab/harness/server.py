@@ -221,34 +221,36 @@ def on_cores(cores: Optional[set[int]]) -> Iterator[None]:
             os.sched_setaffinity(0, before)
 
 
-def pin_tree(pid: int, cores: set[int]) -> None:
-    """Every thread of ``pid`` and of its descendants onto ``cores`` (threads and processes they
-    start later inherit it)."""
+def _tree_threads(pid: int) -> Iterator[int]:
+    """The thread ids of ``pid`` and of its descendants (a process that exits meanwhile is skipped)."""
     import psutil
 
     root = psutil.Process(pid)
     for proc in [root, *root.children(recursive=True)]:
         try:
-            for thread in proc.threads():
-                try:
-                    os.sched_setaffinity(thread.id, cores)
-                except ProcessLookupError:
-                    pass  # exited meanwhile
-        except psutil.NoSuchProcess:
-            pass
+            threads = proc.threads()
+        except psutil.Error:
+            continue
+        yield from (thread.id for thread in threads)
+
+
+def pin_tree(pid: int, cores: set[int]) -> None:
+    """Every thread of ``pid`` and of its descendants onto ``cores`` (threads and processes they
+    start later inherit it)."""
+    for tid in _tree_threads(pid):
+        try:
+            os.sched_setaffinity(tid, cores)
+        except ProcessLookupError:
+            pass  # exited meanwhile
 
 
 def tree_cores(pid: int) -> list[int]:
     """Every core some thread of ``pid`` or of its descendants may run on: what the pinning really
     did (SGLang re-binding its threads would show here)."""
-    import psutil
-
-    root = psutil.Process(pid)
     cores: set[int] = set()
-    for proc in [root, *root.children(recursive=True)]:
+    for tid in _tree_threads(pid):
         try:
-            for thread in proc.threads():
-                cores |= os.sched_getaffinity(thread.id)
-        except (psutil.Error, OSError):
+            cores |= os.sched_getaffinity(tid)
+        except OSError:
             pass  # exited meanwhile
     return sorted(cores)
