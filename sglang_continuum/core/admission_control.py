@@ -2,15 +2,15 @@
 
 A first turn waits while the capacity cannot hold the working sets of the programs already in
 flight (``ProgramRegistry``: programs with a turn waiting or running, and those out on a tool that
-hold a pin, or with a host tier those seen within the working-set window) plus its own, each
-counted at least at the mean final context of the programs that ended: agent contexts grow, so a
-first turn is a fraction of what its program will need. An overdue first
-turn waits for room like any other (bounded waiting orders the queue; it does not open the door,
-and an open door is how the wave that thrashes the pool gets in), but it waits first: while an
-overdue first turn is held, the first turns behind it in the queue wait too, so that smaller new
-programs cannot take, one after another, the room it waits for. Later turns, continuations found
-by prefix and requests without a program id are never held, and the adapter never holds a turn
-when holding it would idle the engine.
+hold a pin, or with a host tier those seen within the last 120 s) plus its own, each counted at
+least at the mean final context of the programs that ended: agent contexts grow, so a first turn
+is a fraction of what its program will need. An overdue first turn waits for room like any other
+(bounded waiting orders the queue; it does not open the door, and an open door is how the wave
+that thrashes the pool gets in), but it waits first: while an overdue first turn is held, the first
+turns behind it in the queue wait too, so that smaller new programs cannot take, one after
+another, the room it waits for. Later turns, continuations found by prefix and requests without a
+program id are never held, and the adapter never holds a turn when holding it would idle the
+engine.
 
 The capacity is the adapter's: the device pool, or with HiCache what the two tiers hold together
 under the write policy in force. Past that, letting more programs in only makes the host tier cycle

@@ -6,8 +6,9 @@ first). Every forgotten program is handed back to the owner (``drain_forgotten``
 it held (a pin, a host pin) outlives it.
 
 The registry also keeps the **working set**: the current context tokens of programs that have
-been admitted at least once and were seen within ``working_set_window_s`` -- the programs the
-pool should hold for their next turn. Program-level admission control reads it. The owner lets a
+been admitted at least once and were seen within ``working_set_window_s`` (longer with a host
+tier, where a program's KV waits out a tool call unpinned) -- the programs the pool should hold
+for their next turn. Program-level admission control reads it. The owner lets a
 program go sooner (``let_go``) when the policy keeps none of its KV while it is out on a tool (and
 there is no host tier for it to wait on).
 """
@@ -22,6 +23,10 @@ from typing import Iterator, Optional
 MAX_PROGRAMS = 100_000
 PROGRAM_IDLE_TIMEOUT_S = 900.0  # a program unseen this long, with nothing in flight, is forgotten
 WORKING_SET_WINDOW_S = 30.0  # a program unseen this long (out on a tool) leaves the working set
+# ... with a host tier, where a program out on a tool keeps its KV without a pin: long enough for
+# most tool calls to come back (recorded Claude Code: p90 66 s), short enough that sessions gone
+# for minutes do not keep new ones out
+HOST_TIER_WORKING_SET_WINDOW_S = 120.0
 FINAL_CONTEXT_WINDOW = 64  # ended programs whose final contexts give the expected one
 
 

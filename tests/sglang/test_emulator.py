@@ -325,3 +325,50 @@ def test_bench_sessions_keeps_n_sessions_in_flight_and_reports_the_window(tmp_pa
         assert figures["turns_finished"] > 0 and figures["output_tokens_per_s"] > 0
         assert figures["turns_per_session_hour"] == pytest.approx(figures["turns_finished"] / (n * 20 / 3600))
     assert "**Emulated, predictions**" in (out / "report.md").read_text()
+
+
+def test_a_bench_killed_mid_run_leaves_no_emulated_run_behind(tmp_path):
+    """Runs are forked by a fork server, not by the bench: a bench stopped by a signal must take
+    them down, or they go on computing on the cores the next benchmark measures with."""
+    import contextlib
+    import signal
+    import time
+
+    import psutil
+
+    trace = [
+        Program(
+            program_id=f"p{i}",
+            turns=[
+                *[Turn(append_tokens=300, output_tokens=8, tool="bash", tool_duration_s=1.0)] * 3,
+                Turn(append_tokens=50, output_tokens=8),
+            ],
+        )
+        for i in range(3)
+    ]
+    workload = dump_workload(trace, tmp_path / "trace.jsonl")
+    out = tmp_path / "bench"
+    cmd = [
+        sys.executable, "-m", "continuum_lab.cli.bench", "--emulate", str(_profile(tmp_path)), "--workload",
+        str(workload), "--policies", "fcfs", "--sessions", "4", "--window-s", "1000000", "--warmup-s", "0",
+        "--max-total-tokens", "4000", "--seeds", "1", "--out", str(out),
+    ]  # fmt: skip
+    bench = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    spawned: list[psutil.Process] = []
+    try:
+        log = out / "runs" / "fcfs-n4-s1-r0.log"
+        deadline = time.monotonic() + 120
+        while not log.is_file():  # the run was forked (its target opened its log)
+            assert bench.poll() is None and time.monotonic() < deadline, "the run never started"
+            time.sleep(0.2)
+        spawned = psutil.Process(bench.pid).children(recursive=True)
+        assert spawned  # the fork server and the run
+        bench.send_signal(signal.SIGKILL)
+        bench.wait()
+        _, alive = psutil.wait_procs(spawned, timeout=15)
+        assert not alive, [p.cmdline()[:4] for p in alive]
+    finally:
+        bench.kill()
+        for p in spawned:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()

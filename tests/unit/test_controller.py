@@ -497,6 +497,31 @@ def test_with_a_host_tier_a_program_let_go_stays_in_the_working_set_while_it_is_
     c.programs.check_integrity()
 
 
+def test_with_a_host_tier_a_program_out_on_a_long_tool_call_keeps_its_room():
+    # recorded Claude Code tool calls run past 30 s one time in four (p90 66 s); their KV waits on
+    # host, so a new program let in meanwhile fills the host tier and the return re-prefills.
+    # Without a host tier the window is the pin's business (an unpinned program leaves at once).
+    from sglang_continuum.core.offload import ReloadCost
+    from sglang_continuum.core.programs import HOST_TIER_WORKING_SET_WINDOW_S, WORKING_SET_WINDOW_S
+
+    c, clock = make(fixed_ttl_s=0.0)
+    assert c.programs.working_set_window_s == WORKING_SET_WINDOW_S
+    c.attach_host_tier(reload=ReloadCost(bytes_per_token=1000, bytes_per_s=1e9), host_budget_tokens=1000, hold_cost=0.5)
+    assert c.programs.working_set_window_s == HOST_TIER_WORKING_SET_WINDOW_S > WORKING_SET_WINDOW_S
+    c.turn_admitted(c.turn_arrived(turn("out")), 600)
+    c.turn_finished(turn("out"), context_tokens=700, handle="h")
+    new = c.turn_arrived(turn("new"))
+    clock.advance(45.0)  # past the window without a host tier; before its client is presumed gone
+    c.step(lambda pid: False)
+    assert c.programs.working_set_tokens == 700 and c.holds_back(new, 400, 1000)
+    c.turn_admitted(c.turn_arrived(turn("out")), 800)  # it came back; out again
+    c.turn_finished(turn("out"), context_tokens=900, handle="h")
+    clock.advance(HOST_TIER_WORKING_SET_WINDOW_S + 1)
+    c.step(lambda pid: False)
+    assert c.programs.working_set_tokens == 0 and not c.holds_back(new, 400, 1000)
+    c.programs.check_integrity()
+
+
 def test_a_program_with_a_turn_in_flight_stays_in_the_working_set():
     c, clock = make(fixed_ttl_s=0.0)
     c.turn_admitted(c.turn_arrived(turn("p")), 600)

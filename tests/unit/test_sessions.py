@@ -6,7 +6,7 @@ import pytest
 
 from continuum_lab.bench.replay import ProgramRecord, ReplayResult, TurnRecord
 from continuum_lab.bench.sessions import SessionsProtocol, session_programs, window_figures
-from continuum_lab.bench.sessions_report import aggregate, best_stock, markdown
+from continuum_lab.bench.sessions_report import aggregate, best_stock, markdown, plots
 from continuum_lab.workloads.schema import Program, Turn
 
 
@@ -99,3 +99,12 @@ def test_report_compares_with_the_best_stock_policy_on_the_same_tiers_seed_by_se
     assert rows["fcfs+hicache"]["vs_fcfs_no_host_median"] == pytest.approx(1.5)  # the host tier's own gain
     table = markdown(list(rows.values()))
     assert "host tier alone: 1.50x fcfs" in table and "1.35x (1.20x) vs lpm+hicache-write-back" in table
+
+
+def test_plots_are_drawn_against_n_and_only_for_a_sweep(tmp_path):
+    # a grid at one N drew two charts of one point per policy, which report.md then linked
+    one_n = aggregate([_run("fcfs", 96, 1, 100.0), _run("continuum", 96, 1, 120.0)])
+    assert plots(one_n, tmp_path) == [] and not list(tmp_path.iterdir())
+    sweep = aggregate([_run(p, n, 1, 100.0 + n) for p in ("fcfs", "continuum") for n in (16, 96)])
+    assert [p.name for p in plots(sweep, tmp_path)] == ["throughput.png", "ttft-p90.png"]
+    assert all(p.stat().st_size > 0 for p in tmp_path.iterdir())

@@ -119,6 +119,10 @@ def markdown(rows: list[dict]) -> str:
 
 
 def plots(rows: list[dict], out: Path) -> list[Path]:
+    """Throughput and TTFT p90 against N; none for a grid at one N (a point per policy says no
+    more than the table)."""
+    if len({r["sessions"] for r in rows}) < 2:
+        return []
     import matplotlib
 
     matplotlib.use("Agg")

@@ -538,7 +538,7 @@ def _emulated_runs(grid, args, pool: int, extra_env: dict):
             return json.loads(out.read_text())
         log = out.with_suffix(".log")
         out.parent.mkdir(parents=True, exist_ok=True)
-        child = forks.Process(target=main_logged, args=(cmd, str(log)), name=f"emulate {policy} s{seed}")
+        child = forks.Process(target=main_logged, args=(cmd, str(log), os.getpid()), name=f"emulate {policy} s{seed}")
         child.start()
         child.join()
         rc = child.exitcode

@@ -13,9 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import shlex
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Optional
@@ -181,12 +183,34 @@ def emulate(
     }
 
 
-def main_logged(argv: list[str], log_path: str) -> None:
-    """``main(argv)`` with its output in ``log_path``: the target of a run the bench forks."""
+def main_logged(argv: list[str], log_path: str, bench_pid: Optional[int] = None) -> None:
+    """``main(argv)`` with its output in ``log_path``: the target of a run the bench forks;
+    ``bench_pid``: the run ends when that process does."""
+    if bench_pid is not None:
+        _end_with(bench_pid)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     sys.exit(main(argv))
+
+
+def _end_with(pid: int) -> None:
+    """End this process when ``pid`` ends. A run is forked by the bench's fork server, not by the
+    bench, and that server outlives the bench while any run lives: without this a bench stopped by
+    a signal leaves its runs computing on the cores the next benchmark measures with (Linux;
+    elsewhere a run finishes on its own)."""
+    try:
+        handle = os.pidfd_open(pid)
+    except ProcessLookupError:
+        os._exit(1)
+    except (AttributeError, OSError):
+        return
+
+    def watch() -> None:
+        select.select([handle], [], [])  # readable once the process has ended
+        os._exit(1)
+
+    threading.Thread(target=watch, name="end-with-bench", daemon=True).start()
 
 
 def main(argv: Optional[list[str]] = None) -> int:
