@@ -39,7 +39,7 @@ SERIES: tuple[Series, ...] = (
         "programs_in_flight",
         "gauge",
         "gauge.programs_in_flight",
-        "Programs in the working set (a turn waiting or running, or out on a tool while pinned, or with HiCache while seen in the last 30 s).",
+        "Programs in the working set (a turn waiting or running, or out on a tool while pinned, or with HiCache while seen in the last 120 s).",
     ),
     Series("working_set_tokens", "gauge", "gauge.working_set_tokens", "Current context tokens of programs in flight."),
     Series(
