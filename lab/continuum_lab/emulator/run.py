@@ -183,11 +183,10 @@ def emulate(
     }
 
 
-def main_logged(argv: list[str], log_path: str, bench_pid: Optional[int] = None) -> None:
+def main_logged(argv: list[str], log_path: str, bench_pid: int) -> None:
     """``main(argv)`` with its output in ``log_path``: the target of a run the bench forks;
     ``bench_pid``: the run ends when that process does."""
-    if bench_pid is not None:
-        _end_with(bench_pid)
+    _end_with(bench_pid)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
