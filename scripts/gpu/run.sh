@@ -8,7 +8,8 @@
 #
 # Settings (environment): BUNDLE (.gpu-bundle), SITE (/tmp/continuum-gpu-site), OUT (/tmp/continuum-gpu),
 # PORT (30000), POLICIES (fcfs,lpm,continuum), JPS (0.25), SEEDS (1), BENCH_TIMEOUT_S (480),
-# MAX_TOTAL_TOKENS (smoke server pool, 200000), BENCH_ARGS (more continuum-bench flags).
+# MAX_TOTAL_TOKENS (smoke server pool, 200000), BENCH_ARGS (more continuum-bench flags),
+# SKIP_IMPORT_CHECK (set: skip continuum-gpu check-imports).
 set -euo pipefail
 STAGE="${1:-all}"
 case "$STAGE" in all | smoke | bench) ;; *) echo "usage: $0 [all|smoke|bench]" >&2; exit 2 ;; esac
@@ -47,8 +48,10 @@ export LD_LIBRARY_PATH="$TORCH_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 eval "$("$PY" -m continuum_lab.cli.gpu_bundle env)"
 env | grep -E '^SGLANG_' | sort
 
-echo "== import check"
-"$PY" -m continuum_lab.cli.gpu_bundle check-imports 2>&1 | tee "$OUT/check-imports.log"
+if [ -z "${SKIP_IMPORT_CHECK:-}" ]; then
+  echo "== import check"
+  "$PY" -m continuum_lab.cli.gpu_bundle check-imports 2>&1 | tee "$OUT/check-imports.log"
+fi
 
 if [ "$STAGE" != bench ]; then
   echo "== smoke: one server, --schedule-policy continuum, log $OUT/server-smoke.log"
@@ -60,8 +63,13 @@ if [ "$STAGE" != bench ]; then
   trap 'kill $SERVER_PID 2>/dev/null || true' EXIT
   set +e
   "$PY" -m continuum_lab.cli.gpu_bundle smoke --url "http://127.0.0.1:$PORT" --wait-s 420 \
-    --out "$OUT/smoke.json"
+    --server-pid "$SERVER_PID" --out "$OUT/smoke.json"
   SMOKE_RC=$?
+  if [ "$SMOKE_RC" = 0 ]; then
+    echo "== step times against the emulator's profiles"
+    "$PY" -m continuum_lab.cli.gpu_bundle steps --url "http://127.0.0.1:$PORT" --out "$OUT/steps.json" \
+      --profile configs/profiles/h100-sglang-llama-3.1-8b.json --profile configs/profiles/h100-llama-3.1-8b.json
+  fi
   set -e
   "$PY" - "$PORT" > "$OUT/metrics-smoke.txt" <<'EOF' || true
 import sys, httpx

@@ -119,3 +119,41 @@ def test_every_import_time_sgl_kernel_import_of_a_server_resolves_with_the_shim(
     lines.append("from sgl_kernel.utils import is_arch_support_pdl; assert is_arch_support_pdl() is False")
     r = subprocess.run([sys.executable, "-c", "\n".join(lines)], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
+
+
+DUAL_GEMM = "sglang.kernels.ops.gemm.cutedsl_dual_gemm"
+
+
+def test_the_dual_gemm_stand_in_gives_what_its_importers_take_and_says_no():
+    """On the H100 a Llama server stopped at model construction: ``DualGemm._select_mode`` imports
+    the CuTe DSL module (``import cutlass``, not in the bundle). gpushim/sitecustomize.py stands in
+    for it: every name SGLang imports from it exists, and the Llama MLP selects no dual GEMM."""
+    import sglang
+
+    wanted = set()
+    for f in Path(sglang.__file__).parent.rglob("*.py"):
+        text = f.read_text(errors="replace")
+        if DUAL_GEMM not in text or f.name == "cutedsl_dual_gemm.py":
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ImportFrom) and node.module == DUAL_GEMM:
+                wanted |= {a.name for a in node.names}
+    assert {"MAX_DUAL_GEMM_DECODE_TOKENS", "DualGemmQuantMode", "can_use_dual_gemm"} <= wanted
+    env = {**os.environ, "PYTHONPATH": f"{GPUSHIM}{os.pathsep}{ROOT}"}
+    code = (
+        "import importlib, sys, types, torch\n"
+        f"standin = importlib.import_module({DUAL_GEMM!r})\n"
+        f"missing = [n for n in {sorted(wanted)!r} if not hasattr(standin, n)]\n"
+        "assert not missing, missing\n"
+        "import sglang.srt.layers.dual_gemm as dg\n"
+        "from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod\n"
+        "dg.is_cuda = lambda: True  # the branch a CUDA server takes\n"
+        "proj = types.SimpleNamespace(quant_method=UnquantizedLinearMethod(), params_dtype=torch.bfloat16,\n"
+        "                             output_partition_sizes=[14336, 14336])\n"
+        "gemm = object.__new__(dg.DualGemm)\n"
+        "gemm.down_proj = None\n"
+        "assert gemm._select_mode(proj, 4096) is None\n"
+        "assert 'cutlass' not in sys.modules\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]

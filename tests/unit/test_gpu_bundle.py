@@ -10,6 +10,7 @@ import re
 import stat
 import subprocess
 import sys
+import time
 import zipfile
 from importlib.metadata import distributions
 from pathlib import Path
@@ -276,6 +277,10 @@ def test_run_script_commands(tmp_path):
     assert "--enable-metrics" in server
     smoke = next(c for c in commands if c.startswith("-m continuum_lab.cli.gpu_bundle smoke"))
     assert "--url http://127.0.0.1:30000" in smoke
+    # the smoke watches the server it waits for (it died in 40 s once, and the smoke waited 7 minutes)
+    assert re.search(r"--server-pid [1-9][0-9]*", smoke), smoke
+    steps = next(c for c in commands if c.startswith("-m continuum_lab.cli.gpu_bundle steps"))
+    assert "--profile configs/profiles/h100-sglang-llama-3.1-8b.json" in steps
     bench = next(c for c in commands if c.startswith("-m continuum_lab.cli.bench"))
     for part in (
         "--gpu shim",
@@ -289,6 +294,27 @@ def test_run_script_commands(tmp_path):
     out = r.stdout
     for key, value in GPU_SHIM_ENV.items():
         assert f"{key}={value}" in out
+
+
+def test_waiting_for_a_server_that_died_fails_at_once():
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    t0 = time.monotonic()
+    with pytest.raises(gb.BundleError, match="exited before"):
+        gb.wait_healthy("http://127.0.0.1:9", wait_s=60, server_pid=dead.pid)
+    assert time.monotonic() - t0 < 30  # not the 60 s it would wait for a live one
+
+
+def test_a_zombie_server_counts_as_dead():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 30
+        while gb._alive(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)  # exited but not reaped: a zombie, as the shell's server is
+        assert not gb._alive(child.pid)
+    finally:
+        child.wait()
+    assert gb._alive(os.getpid())
 
 
 def test_run_script_refuses_a_missing_bundle(tmp_path):

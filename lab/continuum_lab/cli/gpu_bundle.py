@@ -388,9 +388,35 @@ def check_imports() -> int:
     return 0
 
 
-def smoke(url: str, new_tokens: int = 32, wait_s: float = 600.0) -> dict:
-    """Two turns of one program against a running server: the first non-final (a pin), the second
-    continues its context. Fails unless both return ``new_tokens`` ids, the second finds its prefix
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie (a dead server its shell has not reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def wait_healthy(url: str, wait_s: float, server_pid: Optional[int] = None) -> None:
+    """Until ``url``/health answers 200; fails at once if the server process has died."""
+    import httpx
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if server_pid is not None and not _alive(server_pid):
+            raise BundleError(f"the server (pid {server_pid}) exited before {url}/health answered")
+        if time.monotonic() > deadline:
+            raise BundleError(f"{url}/health did not answer 200 within {wait_s:.0f}s")
+        time.sleep(2)
+
+
+def smoke(url: str, new_tokens: int = 32, wait_s: float = 600.0, server_pid: Optional[int] = None) -> dict:
+    """Two turns of one program against a running server: the first non-final (with no tool time
+    observed yet the cost model makes no pin), the second continues its context. Fails unless both return ``new_tokens`` ids, the second finds its prefix
     cached, and /metrics carries the plugin's series."""
     import httpx
 
@@ -398,16 +424,7 @@ def smoke(url: str, new_tokens: int = 32, wait_s: float = 600.0) -> dict:
     from sglang_continuum.client.params import continuum_custom_params
 
     url = url.rstrip("/")
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise BundleError(f"{url}/health did not answer 200 within {wait_s:.0f}s")
-        time.sleep(2)
+    wait_healthy(url, wait_s, server_pid)
     # token ids below 500, as the replay draws them: valid for the tiny CPU model and Llama's vocabulary
     context = [(17 * i + 3) % 495 + 5 for i in range(512)]
     turns = []
@@ -454,6 +471,75 @@ def smoke(url: str, new_tokens: int = 32, wait_s: float = 600.0) -> dict:
     return {"turns": turns, "continuum_series": metrics}
 
 
+def _generate_seconds(url: str, prompts: list[list[int]], new_tokens: int) -> float:
+    """Wall seconds until every prompt (sent at once, no program metadata) has its answer."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    def one(ids: list[int]) -> None:
+        body = {
+            "input_ids": ids,
+            "sampling_params": {"max_new_tokens": new_tokens, "ignore_eos": True, "temperature": 0.0},
+        }
+        r = httpx.post(url + "/generate", json=body, timeout=300)
+        if r.status_code != 200:
+            raise BundleError(f"/generate: HTTP {r.status_code}: {r.text[:300]}")
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+        list(pool.map(one, prompts))
+    return time.perf_counter() - t0
+
+
+def step_times(url: str, profiles: list[Path], seed: int = 0) -> dict:
+    """Prefill and decode step times of the running server, over HTTP, beside what each emulator
+    profile predicts for the same batch. Every prompt is fresh random ids (nothing cached).
+    Prefill: one request of n tokens and one output token. Decode step: (B requests with 129
+    output tokens - the same with 1) / 128. HTTP and scheduling overhead are included."""
+    import random
+
+    rng = random.Random(seed)
+    url = url.rstrip("/")
+
+    def fresh(n: int) -> list[int]:
+        return [rng.randrange(5, 495) for _ in range(n)]  # valid ids for the tiny CPU model too
+
+    _generate_seconds(url, [fresh(1024) for _ in range(4)], 8)  # Triton compiles its kernels
+    # each profile's fits (configs/profiles/*.json): prefill c0 + c1 n + c2 n^2; decode, where it
+    # has one, d0 + d1 B + d2 (tokens in the batch's contexts), as the emulator's StepLatencyModel
+    fits = {(d := json.loads(p.read_text())).get("name", p.stem): d for p in profiles}
+
+    def prefill(d: dict, n: int) -> float:
+        c0, c1, c2 = d["coeffs"]
+        return c0 + c1 * n + c2 * n * n
+
+    def decode(d: dict, batch: int, tokens: int) -> Optional[float]:
+        if "coeffs" not in d.get("decode", {}):
+            return None
+        d0, d1, d2 = d["decode"]["coeffs"]
+        return round(d0 + d1 * batch + d2 * tokens, 5)
+
+    rows = []
+    for n in (1024, 4096, 16384):
+        measured = min(_generate_seconds(url, [fresh(n)], 1) for _ in range(2))
+        rows.append(
+            {"what": "prefill", "tokens": n, "measured_s": round(measured, 4)}
+            | {name: round(prefill(d, n), 4) for name, d in fits.items()}
+        )
+    for batch, ctx in ((1, 1024), (32, 1024)):
+        base = _generate_seconds(url, [fresh(ctx) for _ in range(batch)], 1)
+        full = _generate_seconds(url, [fresh(ctx) for _ in range(batch)], 129)
+        step = max(full - base, 0.0) / 128
+        rows.append(
+            {"what": "decode step", "batch": batch, "context": ctx, "measured_s": round(step, 5)}
+            | {name: decode(d, batch, batch * (ctx + 64)) for name, d in fits.items()}
+        )
+    for row in rows:
+        print("  " + json.dumps(row), flush=True)
+    return {"rows": rows, "profiles": [str(p) for p in profiles]}
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="continuum-gpu", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -471,6 +557,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     s.add_argument("--new-tokens", type=int, default=32)
     s.add_argument("--wait-s", type=float, default=600.0)
     s.add_argument("--out", type=Path, help="write the result here as JSON")
+    s.add_argument("--server-pid", type=int, help="fail at once if this process dies while waiting")
+    t = sub.add_parser("steps", help="prefill and decode step times of a running server beside the profiles'")
+    t.add_argument("--url", required=True)
+    t.add_argument("--profile", type=Path, action="append", default=[], help="emulator profile (repeatable)")
+    t.add_argument("--out", type=Path, help="write the result here as JSON")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "build":
@@ -484,10 +575,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         elif args.cmd == "check-imports":
             return check_imports()
         elif args.cmd == "smoke":
-            result = smoke(args.url, args.new_tokens, args.wait_s)
+            result = smoke(args.url, args.new_tokens, args.wait_s, args.server_pid)
             if args.out:
                 args.out.write_text(json.dumps(result, indent=1))
             print("smoke passed")
+        elif args.cmd == "steps":
+            result = step_times(args.url, args.profile)
+            if args.out:
+                args.out.write_text(json.dumps(result, indent=1))
     except BundleError as exc:
         print(f"continuum-gpu {args.cmd}: {exc}", file=sys.stderr)
         return 1
