@@ -416,8 +416,9 @@ def wait_healthy(url: str, wait_s: float, server_pid: Optional[int] = None) -> N
 
 def smoke(url: str, new_tokens: int = 32, wait_s: float = 600.0, server_pid: Optional[int] = None) -> dict:
     """Two turns of one program against a running server: the first non-final (with no tool time
-    observed yet the cost model makes no pin), the second continues its context. Fails unless both return ``new_tokens`` ids, the second finds its prefix
-    cached, and /metrics carries the plugin's series."""
+    observed yet, the cost model makes no pin), the second continues its context. Fails unless
+    both return ``new_tokens`` ids, the second finds its prefix cached, and /metrics carries the
+    plugin's series. ``server_pid``: stop waiting at once if that process dies."""
     import httpx
 
     from continuum_lab.harness.server import parse_metrics

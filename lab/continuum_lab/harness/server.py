@@ -30,8 +30,9 @@ GPU_SHIM_ENV = {
     "SGLANG_IS_FLASHINFER_AVAILABLE": "false",
     "SGLANG_ENABLE_JIT_DEEPGEMM": "0",
     "SGLANG_CRASH_ON_JIT_COMPILE": "1",  # no nvcc builds at run time: fail loudly instead
-    # the Rust tree core refuses the int64 value tensors torch 2.11 hands it on CUDA ("insert value
-    # must be an int64 tensor, got Int", seen on the H100); SGLang's Python tree core is its fallback
+    # on the H100 (torch 2.11) the Rust tree core refused the first insert ("insert value must be an
+    # int64 tensor, got Int") though SGLang converts it to int64; cause not established. SGLang's
+    # Python tree core is its own fallback
     "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": "python",
 }
 # An idle scheduler otherwise polls its sockets without pause (~90% of a core); asleep it wakes on
