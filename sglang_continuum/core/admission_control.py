@@ -2,7 +2,7 @@
 
 A first turn waits while the capacity cannot hold the working sets of the programs already in
 flight (``ProgramRegistry``: programs with a turn waiting or running, and those out on a tool that
-hold a pin, or with a host tier those seen within the last 120 s) plus its own, each counted at
+hold a pin, or with a host tier those seen within ``HOST_TIER_WORKING_SET_WINDOW_S``) plus its own, each counted at
 least at the mean final context of the programs that ended: agent contexts grow, so a first turn
 is a fraction of what its program will need. An overdue first turn waits for room like any other
 (bounded waiting orders the queue; it does not open the door, and an open door is how the wave

@@ -336,3 +336,18 @@ def test_build_from_cached_wheels(tmp_path):
     assert {f"models/{gb.MODEL_NAME}/config.json", f"workloads/{gb.WORKLOAD_NAME}"} <= names
     assert len([n for n in names if n.startswith("wheels/")]) == len(gb.read_requirements())
     assert data["bytes"] < gb.LIMIT_BYTES
+
+
+def test_step_times_set_each_measurement_beside_each_profiles_prediction(monkeypatch):
+    monkeypatch.setattr(gb, "_generate_seconds", lambda url, prompts, new_tokens: float(new_tokens))
+    profiles = [
+        ROOT / "configs/profiles/h100-sglang-llama-3.1-8b.json",
+        ROOT / "configs/profiles/h100-llama-3.1-8b.json",
+    ]
+    rows = gb.step_times("http://127.0.0.1:9", profiles)["rows"]
+    prefill = {r["tokens"]: r for r in rows if r["what"] == "prefill"}
+    assert prefill[4096]["h100-sglang-llama-3.1-8b"] == 0.0937 and prefill[4096]["h100-llama-3.1-8b"] == 0.125
+    decode = [r for r in rows if r["what"] == "decode step"]
+    assert [r["measured_s"] for r in decode] == [1.0, 1.0]  # (129 tokens - 1 token) / 128
+    assert decode[0]["h100-sglang-llama-3.1-8b"] == 0.00648
+    assert all(r["h100-llama-3.1-8b"] is None for r in decode)  # a prefill-only profile predicts no decode

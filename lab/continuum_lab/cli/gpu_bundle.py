@@ -500,6 +500,9 @@ def step_times(url: str, profiles: list[Path], seed: int = 0) -> dict:
     output tokens - the same with 1) / 128. HTTP and scheduling overhead are included."""
     import random
 
+    from continuum_lab.emulator.step_model import StepLatencyModel
+    from sglang_continuum.core.cost_model import PrefillProfile
+
     rng = random.Random(seed)
     url = url.rstrip("/")
 
@@ -507,26 +510,20 @@ def step_times(url: str, profiles: list[Path], seed: int = 0) -> dict:
         return [rng.randrange(5, 495) for _ in range(n)]  # valid ids for the tiny CPU model too
 
     _generate_seconds(url, [fresh(1024) for _ in range(4)], 8)  # Triton compiles its kernels
-    # each profile's fits (configs/profiles/*.json): prefill c0 + c1 n + c2 n^2; decode, where it
-    # has one, d0 + d1 B + d2 (tokens in the batch's contexts), as the emulator's StepLatencyModel
-    fits = {(d := json.loads(p.read_text())).get("name", p.stem): d for p in profiles}
-
-    def prefill(d: dict, n: int) -> float:
-        c0, c1, c2 = d["coeffs"]
-        return c0 + c1 * n + c2 * n * n
-
-    def decode(d: dict, batch: int, tokens: int) -> Optional[float]:
-        if "coeffs" not in d.get("decode", {}):
-            return None
-        d0, d1, d2 = d["decode"]["coeffs"]
-        return round(d0 + d1 * batch + d2 * tokens, 5)
+    prefill = {(f := PrefillProfile.load(p)).name: f for p in profiles}
+    decode: dict[str, Optional[StepLatencyModel]] = {}
+    for name, p in zip(prefill, profiles):
+        try:
+            decode[name] = StepLatencyModel.load(p)
+        except ValueError:  # a prefill-only profile
+            decode[name] = None
 
     rows = []
     for n in (1024, 4096, 16384):
         measured = min(_generate_seconds(url, [fresh(n)], 1) for _ in range(2))
         rows.append(
             {"what": "prefill", "tokens": n, "measured_s": round(measured, 4)}
-            | {name: round(prefill(d, n), 4) for name, d in fits.items()}
+            | {name: round(f.seconds(n), 4) for name, f in prefill.items()}
         )
     for batch, ctx in ((1, 1024), (32, 1024)):
         base = _generate_seconds(url, [fresh(ctx) for _ in range(batch)], 1)
@@ -534,7 +531,7 @@ def step_times(url: str, profiles: list[Path], seed: int = 0) -> dict:
         step = max(full - base, 0.0) / 128
         rows.append(
             {"what": "decode step", "batch": batch, "context": ctx, "measured_s": round(step, 5)}
-            | {name: decode(d, batch, batch * (ctx + 64)) for name, d in fits.items()}
+            | {name: m and round(m.decode_seconds(batch, batch * (ctx + 64)), 5) for name, m in decode.items()}
         )
     for row in rows:
         print("  " + json.dumps(row), flush=True)
