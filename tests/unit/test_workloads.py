@@ -131,3 +131,32 @@ def test_generate_leaves_out_programs_past_a_context_limit(tmp_path, capsys):
     kept = load_workload(out)
     assert len(kept) == 38 and all(peak_context(p) <= limit for p in kept)
     assert capsys.readouterr().out.count("left out") == 2
+
+
+def test_tool_scale_shrinks_tool_time_of_the_same_programs():
+    base = generate("swe", 30, seed=2, max_tool_s=4)
+    scaled = generate("swe", 30, seed=2, max_tool_s=4, tool_scale=0.5)
+    assert [len(p.turns) for p in scaled] == [len(p.turns) for p in base]
+    assert [t.append_tokens for p in scaled for t in p.turns] == [t.append_tokens for p in base for t in p.turns]
+    got = [t.tool_duration_s for p in scaled for t in p.turns]
+    assert got == pytest.approx([t.tool_duration_s * 0.5 for p in base for t in p.turns], abs=1e-4)
+    assert max(got) <= 2.0  # clipped at 4 s, then scaled
+
+
+@pytest.mark.parametrize(
+    "name, args",
+    [
+        ("swe-cpu-prefill-72", ["--token-scale", "0.06", "--output-scale", "0.03", "--max-tool-s", "4"]),
+        (
+            "swe-cpu-prefill-72-small",
+            ["--token-scale", "0.04", "--output-scale", "0.03", "--max-tool-s", "4", "--tool-scale", "0.5"],
+        ),
+    ],
+)
+def test_shipped_demo_workloads_are_what_their_commands_write(tmp_path, name, args):
+    from continuum_lab.workloads.generate import main
+
+    out = tmp_path / "w.jsonl"
+    assert main(["swe", "--programs", "72", "--seed", "7", *args, "--out", str(out)]) == 0
+    shipped = Path(__file__).resolve().parents[2] / "workloads" / f"{name}.jsonl"
+    assert out.read_bytes() == shipped.read_bytes()

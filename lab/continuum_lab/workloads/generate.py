@@ -97,8 +97,11 @@ def generate(
     min_turns: int = 2,
     max_tool_s: float = float("inf"),
     output_scale: float | None = None,
+    tool_scale: float = 1.0,
 ) -> list[Program]:
-    """``max_tool_s`` clips tool durations (short CPU runs; the full tail is the default);
+    """``max_tool_s`` clips tool durations (short CPU runs; the full tail is the default) and
+    ``tool_scale`` then scales them: with ``token_scale`` it keeps a smaller workload's tool time in
+    proportion to its shorter turns, the same programs from the same draws;
     ``output_scale`` scales output tokens separately (default: ``token_scale``), e.g. to keep
     decode, which holds KV while it runs, a realistic share of the work for a tiny model."""
     output_scale = token_scale if output_scale is None else output_scale
@@ -140,7 +143,7 @@ def generate(
                         append_tokens=max(1, int(round(a * token_scale / div))),
                         output_tokens=max(1, int(round(o * output_scale / div))),
                         tool=tool,
-                        tool_duration_s=round(d, 4),
+                        tool_duration_s=round(d * tool_scale, 4),
                     )
                     for a, o, tool, d in turns
                 ],
@@ -178,6 +181,7 @@ def main(argv=None) -> int:
     ap.add_argument("--turn-repeat", type=int, default=1)
     ap.add_argument("--max-tool-s", type=float, default=float("inf"), help="clip tool durations (seconds)")
     ap.add_argument("--output-scale", type=float, default=None, help="output token scale (default: --token-scale)")
+    ap.add_argument("--tool-scale", type=float, default=1.0, help="scale tool durations (after --max-tool-s)")
     ap.add_argument(
         "--max-context",
         type=int,
@@ -194,6 +198,7 @@ def main(argv=None) -> int:
         turn_repeat=args.turn_repeat,
         max_tool_s=args.max_tool_s,
         output_scale=args.output_scale,
+        tool_scale=args.tool_scale,
     )
     if args.max_context > 0:
         kept = [p for p in programs if peak_context(p) <= args.max_context]
