@@ -5,11 +5,11 @@
 #      virtual time, H100 + Llama-3.1-8B step latencies), 60 SWE-bench-like programs at 0.1
 #      programs/s, where the KV pool is contended; 3 seeds;
 #   2. MEASURED on this machine: real SGLang servers on CPU with the embedded tiny model, fcfs, lpm
-#      and continuum, 24 programs of the prefill-heavy SWE-like workload (its small variant: two
+#      and continuum, 30 programs of the prefill-heavy SWE-like workload (its small variant: two
 #      thirds of the tokens, half the tool time) arriving at 5/s on a KV pool of ~6 program
 #      contexts, where fcfs falls into the re-prefill spiral (docs/results/thrash-cpu/); 2 seeds
-#      (each real run costs ~25 s of server start-up and ~30 s of replay).
-# Then it prints a summary (ratios, spread, worst seed, pins, where the plots are). About 9 minutes
+#      (each real run costs ~25 s of server start-up and ~35 s of replay).
+# Then it prints a summary (ratios, spread, worst seed, pins, where the plots are). About 9.5 minutes
 # on 2 cores once set up. DEMO_OUT=dir to write elsewhere (default out/demo).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -28,6 +28,6 @@ $BENCH --emulate configs/profiles/h100-sglang-llama-3.1-8b.json --workload "$OUT
 
 echo "[demo] part 2/2: MEASURED on this machine (real SGLang servers on CPU, tiny model)"
 $BENCH --workload workloads/swe-cpu-prefill-72-small.jsonl --model .models/tiny-llama --policies fcfs,lpm,continuum \
-  --jps 5 --pool-programs 6 --programs 24 --seeds 1,2 --out "$OUT/measured"
+  --jps 5 --pool-programs 6 --programs 30 --seeds 1,2 --out "$OUT/measured"
 
 $PY -m continuum_lab.cli.demo "$OUT"
