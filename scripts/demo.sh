@@ -7,8 +7,8 @@
 #   2. MEASURED on this machine: real SGLang servers on CPU with the embedded tiny model, fcfs, lpm
 #      and continuum, 30 programs of the prefill-heavy SWE-like workload (its small variant: two
 #      thirds of the tokens, half the tool time) arriving at 5/s on a KV pool of ~6 program
-#      contexts, where fcfs and lpm fall into the re-prefill spiral (docs/results/thrash-cpu/); 2 seeds
-#      (each real run costs ~25 s of server start-up and ~35 s of replay).
+#      contexts, where fcfs and lpm fall into the re-prefill spiral (docs/results/thrash-cpu/);
+#      2 seeds (each real run costs ~25 s of server start-up and ~35-45 s of replay).
 # Then it prints a summary (ratios, spread, worst seed, pins, where the plots are). About 9-10 minutes
 # on 2 cores once set up. DEMO_OUT=dir to write elsewhere (default out/demo).
 set -euo pipefail

@@ -153,7 +153,7 @@ def test_tool_scale_shrinks_tool_time_of_the_same_programs():
         ),
     ],
 )
-def test_shipped_demo_workloads_are_what_their_commands_write(tmp_path, name, args):
+def test_shipped_cpu_workloads_are_what_their_commands_write(tmp_path, name, args):
     from continuum_lab.workloads.generate import main
 
     out = tmp_path / "w.jsonl"
