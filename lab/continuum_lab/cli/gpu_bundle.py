@@ -510,11 +510,13 @@ def step_times(url: str, profiles: list[Path], seed: int = 0) -> dict:
         return [rng.randrange(5, 495) for _ in range(n)]  # valid ids for the tiny CPU model too
 
     _generate_seconds(url, [fresh(1024) for _ in range(4)], 8)  # Triton compiles its kernels
-    prefill = {(f := PrefillProfile.load(p)).name: f for p in profiles}
+    prefill: dict[str, PrefillProfile] = {}
     decode: dict[str, Optional[StepLatencyModel]] = {}
-    for name, p in zip(prefill, profiles):
+    for path in profiles:
+        name = (fit := PrefillProfile.load(path)).name
+        prefill[name] = fit
         try:
-            decode[name] = StepLatencyModel.load(p)
+            decode[name] = StepLatencyModel.load(path)
         except ValueError:  # a prefill-only profile
             decode[name] = None
 
@@ -531,7 +533,10 @@ def step_times(url: str, profiles: list[Path], seed: int = 0) -> dict:
         step = max(full - base, 0.0) / 128
         rows.append(
             {"what": "decode step", "batch": batch, "context": ctx, "measured_s": round(step, 5)}
-            | {name: m and round(m.decode_seconds(batch, batch * (ctx + 64)), 5) for name, m in decode.items()}
+            | {
+                name: None if m is None else round(m.decode_seconds(batch, batch * (ctx + 64)), 5)
+                for name, m in decode.items()
+            }
         )
     for row in rows:
         print("  " + json.dumps(row), flush=True)
