@@ -6,9 +6,9 @@ hold a pin, or with a host tier those seen within ``HOST_TIER_WORKING_SET_WINDOW
 own, each counted at least at the mean final context of the programs that ended: agent contexts
 grow, so a first turn is a fraction of what its program will need. An overdue first turn waits
 for room like any other (bounded waiting orders the queue; it does not open the door, and an open
-door is how the wave that thrashes the pool gets in), but it waits first: while an overdue first turn is held, the first
-turns behind it in the queue wait too, so that smaller new programs cannot take, one after
-another, the room it waits for. Later turns, continuations found by prefix and requests without a
+door is how the wave that thrashes the pool gets in), but it waits first: while an overdue first
+turn is held, the first turns behind it in the queue wait too, so that smaller new programs cannot
+take, one after another, the room it waits for. Later turns, continuations found by prefix and requests without a
 program id are never held, and the adapter never holds a turn when holding it would idle the
 engine.
 
