@@ -8,9 +8,9 @@ grow, so a first turn is a fraction of what its program will need. An overdue fi
 for room like any other (bounded waiting orders the queue; it does not open the door, and an open
 door is how the wave that thrashes the pool gets in), but it waits first: while an overdue first
 turn is held, the first turns behind it in the queue wait too, so that smaller new programs cannot
-take, one after another, the room it waits for. Later turns, continuations found by prefix and requests without a
-program id are never held, and the adapter never holds a turn when holding it would idle the
-engine.
+take, one after another, the room it waits for. Later turns, continuations found by prefix and
+requests without a program id are never held, and the adapter never holds a turn when holding it
+would idle the engine.
 
 The capacity is the adapter's: the device pool, or with HiCache what the two tiers hold together
 under the write policy in force. Past that, letting more programs in only makes the host tier cycle
