@@ -1,7 +1,11 @@
 """The starvation probe's verdict over seeds (``continuum-reliability --probes pressure
 --pressure-seeds ...``): judged on the median over seeds, every seed's failures counted."""
 
-from continuum_lab.cli.reliability.pressure import judge_seeds
+from dataclasses import asdict
+
+from continuum_lab.bench.events import summarize_admissions
+from continuum_lab.cli.reliability.pressure import _admissions_note, judge_seeds
+from sglang_continuum.core.turns import AdmissionRecord
 
 
 def seed_run(seed: int, c_max: float, f_max: float, c_p50: float = 0.2, f_p50: float = 0.2, failed: int = 0) -> dict:
@@ -44,3 +48,17 @@ def test_a_slower_median_counts_only_beyond_a_tenth_of_a_second():
     far = [seed_run(s, 1.0, 1.0, c_p50=0.5, f_p50=0.3) for s in range(3)]
     (problem,) = judge_seeds(far, median_tolerance=1.05)[1]
     assert "median / fcfs's = 1.67 > 1.05" in problem
+
+
+def test_the_note_reads_the_admission_records_the_controller_writes():
+    # the probe wrote its figures and then failed on a field the records no longer carry
+    records = [
+        {
+            "rid": f"r{i}",
+            "t": float(i),
+            **asdict(AdmissionRecord(f"p{i}", i + 1, 0.5 * i, 1.25 * i, 2, i > 1, i == 0, False)),
+        }
+        for i in range(3)
+    ]
+    note = _admissions_note(summarize_admissions(records, slowest=2))
+    assert "p2 turn 3: waited 1.00s, overtaken 2.5 (budget 2), overdue" in note

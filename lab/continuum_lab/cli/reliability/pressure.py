@@ -200,16 +200,15 @@ def _run_note(name: str, r: dict) -> str:
 
 def _admissions_note(adm: dict) -> str:
     slow = "; ".join(
-        f"{r['program_id']} turn {r['turn']}: waited {r['wait_s']:.2f}s, overtaken {r['overtaken']}"
+        f"{r['program_id']} turn {r['turn']}: waited {r['wait_s']:.2f}s, overtaken {r['overtaken']:.1f}"
         + (f" (budget {r['overtake_budget']})" if r.get("overtake_budget") else "")
         + (", overdue" if r["overdue"] else "")
         + (", held back" if r["held_back"] else "")
-        + (", passed admission control overdue" if r["bypassed"] else "")
         for r in adm["slowest"]
     )
     return (
         f"continuum's server-side waits: {adm['overdue_share']:.1%} of requests overdue when admitted, "
-        f"{adm['held_back_share']:.1%} held back, {adm['bypassed']} let past admission control; mean wait "
+        f"{adm['held_back_share']:.1%} held back; mean wait "
         f"first turns {adm['mean_wait_first_turn_s']:.2f}s, later turns {adm['mean_wait_later_turns_s']:.2f}s; "
         f"slowest: {slow}"
     )
