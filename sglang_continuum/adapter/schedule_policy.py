@@ -10,7 +10,7 @@ placed with (stored on the request), and a step does only:
 * arrivals: the tail of requests without a placed key, each inserted by bisection;
 * pin changes: the requests of the programs whose pin changed since the last step (the pin
   table's change log; an index program -> placed requests), moved;
-* overdue: requests whose bound passed, moved: a heap by the admission count at which they are
+* overdue: requests whose bound passed, moved: a heap by the overtaking clock at which they are
   overtaken as many times as their budget.
 
 A request is found in the queue by bisecting on its placed key (keys are unique: they end in the
@@ -125,8 +125,8 @@ class ContinuumSchedulePolicy(SchedulePolicy):
             del queue[cut:]
             for pid in changed:
                 self._move(queue, self._by_program.get(pid, ()))
-            due, admitted = self._due, controller.admission.admitted
-            while due and due[0][0] <= admitted:
+            due, pace = self._due, controller.bounded.pace
+            while due and due[0][0] <= pace:
                 self._move(queue, (heapq.heappop(due)[2],))
             for req in arrivals:
                 self._insert(queue, req)
@@ -160,13 +160,13 @@ class ContinuumSchedulePolicy(SchedulePolicy):
         return self.continuum_cache.controller.priority_key(get_tag(req), req.is_retracted)
 
     def _place(self, req: Req) -> tuple:
-        """Compute and store ``req``'s key; index it by the admission count that makes it overdue."""
+        """Compute and store ``req``'s key; index it by the overtaking clock that makes it overdue."""
         key = self._key(req)
         setattr(req, KEY_ATTR, key)
         tag = get_tag(req)
         controller = self.continuum_cache.controller
         after = controller.bounded.overdue_after(tag)
-        if after is not None and after > controller.admission.admitted:
+        if after is not None and after > controller.bounded.pace:
             heapq.heappush(self._due, (after, tag.request_rank, req))
         return key
 

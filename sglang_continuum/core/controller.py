@@ -85,7 +85,7 @@ class ContinuumController:
         self._pin_outcomes: deque[bool] = deque(maxlen=SURVIVAL_WINDOW)  # True: a hit
         self._pin_hits = 0  # of them
         self.admission_control = AdmissionControl(settings.admission_control, self.programs, self.admission)
-        self.bounded = BoundedWaiting(settings.max_overtakes, self.admission, self.admission_control.return_loss)
+        self.bounded = BoundedWaiting(settings.max_overtakes, self.admission_control.return_loss)
 
     def attach_host_tier(self, *, reload: ReloadCost, host_budget_tokens: int, hold_cost: float) -> None:
         """HiCache is on: misses reload instead of recomputing, and host pins may hold
@@ -149,7 +149,7 @@ class ContinuumController:
             tag.meta.program_id,
             tag.turn,
             now - tag.queued_at,
-            self.bounded.overtaken(tag),
+            round(self.bounded.overtaken(tag), 2),
             tag.overtake_budget,
             overdue,
             tag.held_back,
@@ -158,6 +158,7 @@ class ContinuumController:
             self.admission_control.return_loss.ratio,
         )
         self.admission.admitted += 1
+        self.bounded.admitted(context_tokens - (cached_tokens or 0))
         self.admission.overdue_admitted += overdue
         if pid is None:
             return None
@@ -511,6 +512,7 @@ class ContinuumController:
         self.programs.check_integrity()
         self.stats.check_integrity()
         self.admission_control.check_integrity()
+        self.bounded.check_integrity()
         self.silence.check_integrity()
         for pin in self.pins:
             assert pin.tier is Tier.DEVICE, "host pin in the device table"

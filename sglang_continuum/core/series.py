@@ -70,8 +70,9 @@ SERIES: tuple[Series, ...] = (
         "overtake_budget",
         "gauge",
         "gauge.overtake_budget",
-        "Later arrivals that may be admitted ahead of a returning turn entering the queue now before it is overdue "
-        "(max_overtakes, down to 2 as the return loss passes 0.5; a first turn keeps max_overtakes; 0: no bound).",
+        "Later arrivals that may be admitted ahead of a returning turn entering the queue now before it is overdue, "
+        "in average admissions' prefill (max_overtakes, down to 2 as the return loss passes 0.5; a first turn keeps "
+        "max_overtakes; 0: no bound).",
     ),
     Series(
         "oldest_wait_seconds", "gauge", "gauge.oldest_wait_seconds", "How long the oldest waiting request has waited."

@@ -25,12 +25,13 @@ class TurnTag:
     held_back: bool = False  # admission control kept it waiting at least once
     turn: int = 1  # its program's turns seen here so far, this one included (1 = first turn)
     # Bounded waiting. ``queued_at``: when it (re-)entered the queue (a retraction restarts it).
-    # ``overtake_base``: admissions counted when it (re-)entered plus the requests already
-    # waiting then (those go first under FCFS too); admissions beyond that overtook it.
+    # ``overtake_base``: the overtaking clock (``BoundedWaiting.pace``) when it (re-)entered, plus
+    # the requests already waiting then (those go first under FCFS too); the clock beyond that is
+    # how far it was overtaken.
     # ``overtake_budget``: how many overtakes make it overdue, fixed when it (re-)entered so that
     # its key changes only at known events (0: no bound).
     queued_at: float = 0.0
-    overtake_base: int = 0
+    overtake_base: float = 0.0
     overtake_budget: int = 0
     # the program state it arrived under: its exit counts against that incarnation only (a program
     # forgotten while this turn was live, and seen again since, is another)
@@ -45,7 +46,7 @@ class AdmissionRecord:
     program_id: Optional[str]
     turn: int
     wait_s: float  # from (re-)entering the queue to admission
-    overtaken: int  # requests that arrived after it and were admitted ahead of it (approximate)
+    overtaken: float  # later arrivals admitted ahead of it, in average admissions' prefill work (approximate)
     overtake_budget: int  # the overtakes that made it overdue (fixed when it entered the queue; 0: no bound)
     overdue: bool  # it was overdue when admitted
     held_back: bool  # admission control held it back at least once

@@ -171,6 +171,24 @@ def test_overtaking_bound_counts_later_arrivals_admitted_ahead():
     assert c.admission.overdue_admitted == 1 and c.admission.admitted == 6
 
 
+def test_an_overtake_counts_its_prefill_work():
+    # What an overtake costs the turn it passes is the prefill the engine runs first: ten returns
+    # that find all but 10 tokens cached pass it as fast as one average admission, one 1000-token
+    # re-prefill as ten of them (counting requests, the cached returns made it overdue and the
+    # re-prefill passed it as one).
+    c, clock = make(max_overtakes=3)
+    for i in range(4):
+        c.turn_admitted(c.turn_arrived(turn(f"m{i}")), 100)  # 100 tokens of prefill per admission
+    held = c.turn_arrived(turn("held"))
+    for i in range(10):
+        c.turn_admitted(c.turn_arrived(turn(f"r{i}")), 1000, cached_tokens=990)
+    assert not c.is_overdue(held) and c.bounded.overtaken(held) == pytest.approx(1.0, abs=0.05)
+    c.turn_admitted(c.turn_arrived(turn("big")), 1000, cached_tokens=0)
+    assert c.is_overdue(held) and c.bounded.overtaken(held) > 10
+    c.turn_admitted(held, 100)
+    assert c.last_admission.overdue and c.last_admission.overtaken > 10
+
+
 def test_a_retracted_turn_waits_afresh():
     c, clock = make(max_overtakes=2)
     tag = c.turn_arrived(turn("p"))
@@ -195,8 +213,8 @@ def test_an_overdue_first_turn_waits_for_room():
     # 820 tokens in flight in a 1000-token pool; an overdue 300-token first turn does not fit the
     # pool: it waits like any other (the pool is already sized for growth)
     c, clock = make(max_overtakes=1)
-    for pid in ("a", "b"):
-        c.turn_admitted(c.turn_arrived(turn(pid)), 400)
+    for pid in ("a", "b"):  # cached but for 10 tokens: the prefill work of the later arrivals too
+        c.turn_admitted(c.turn_arrived(turn(pid)), 400, cached_tokens=390)
     new = c.turn_arrived(turn("new"))
     c.turn_admitted(c.turn_arrived(turn("c")), 10)  # two later arrivals overtake it
     c.turn_admitted(c.turn_arrived(turn("d")), 10)
