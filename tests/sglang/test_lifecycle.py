@@ -143,15 +143,15 @@ def test_a_pinned_turn_admitted_with_a_blocked_earlier_program_keeps_its_hit(dri
     drain(driver)
 
 
-def test_an_overdue_first_turn_held_at_the_door_is_not_overtaken_by_smaller_ones(driver):
+def test_an_overdue_first_turn_held_at_the_door_is_not_overtaken_by_smaller_ones(driver, monkeypatch):
     """A pinned program in flight leaves room for a small new program but not a large one. The
     large first turn, held at the door, becomes overdue; a smaller first turn arriving later would
     fit, and must wait behind it (before, it went in, and so could every small one after it)."""
     cache = driver.s.tree_cache
     controller = cache.controller
     rng = random.Random(4)
-    mp = pytest.MonkeyPatch()  # sized by today's contexts: the programs this module ended set no growth here
-    mp.setattr(type(controller.programs), "expected_final_context", property(lambda self: 0))
+    # sized by today's contexts: the programs this module ended set no growth here
+    monkeypatch.setattr(type(controller.programs), "expected_final_context", property(lambda self: 0))
     request = driver.submit(tokens(rng, 500), max_new_tokens=4, custom_params=meta("resident"))
     driver.run_until_idle()
     assert controller.pins.get("resident") is not None  # in the working set: 500 of 1,024 tokens
@@ -160,8 +160,12 @@ def test_an_overdue_first_turn_held_at_the_door_is_not_overtaken_by_smaller_ones
     big = driver.submit(tokens(rng, 600), max_new_tokens=4, custom_params=meta("big"))
     driver.step()
     assert big not in driver.admitted and get_tag(driver.req(big)).held_back
-    for _ in range(2):  # two later arrivals admitted ahead of it: overdue (max_overtakes 2)
-        driver.submit(tokens(rng, 10), max_new_tokens=2)
+    # later arrivals admitted ahead of it until their prefill is worth two average admissions'
+    # (max_overtakes 2): overdue
+    for _ in range(12):
+        if controller.is_overdue(get_tag(driver.req(big))):
+            break
+        driver.submit(tokens(rng, 200), max_new_tokens=2)
         driver.step()
     assert controller.is_overdue(get_tag(driver.req(big)))
     small = driver.submit(tokens(rng, 300), max_new_tokens=4, custom_params=meta("small"))
@@ -173,7 +177,6 @@ def test_an_overdue_first_turn_held_at_the_door_is_not_overtaken_by_smaller_ones
     cache.end_program("resident")  # room: the big one goes first
     driver.run_until_idle()
     assert driver.admitted.index(big) < driver.admitted.index(small) and driver.req(request).finished()
-    mp.undo()
     check(driver)
     drain(driver)
 
