@@ -31,7 +31,7 @@ class HostCounters:
 class AdmissionCounters:
     held_back: int = 0  # new programs' first turns kept waiting by admission control
     admission_sheds: int = 0  # pins shed so that a blocked turn could be admitted (any rule)
-    admitted: int = 0  # requests admitted (the clock of the overtaking bound)
+    admitted: int = 0  # requests admitted
     overdue_admitted: int = 0  # requests that were overdue when admitted
 
 

@@ -104,7 +104,7 @@ SERIES: tuple[Series, ...] = (
         "Pins shed so that a blocked turn could be admitted (ranked after it, or any rank when the engine would "
         "idle or the pin is stale).",
     ),
-    Series("requests_admitted", "counter", "admission.admitted", "Requests admitted (the overtaking bound's clock)."),
+    Series("requests_admitted", "counter", "admission.admitted", "Requests admitted."),
     Series(
         "overdue_admitted",
         "counter",
