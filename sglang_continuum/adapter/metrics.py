@@ -84,15 +84,18 @@ class ContinuumMetrics:
         }
         peers = exchange.peers_alive(controller.clock()) if exchange is not None else 0
         gauges = gauge_values(controller, held_back=held_back, oldest_wait_s=oldest_wait_s, stats_peers=peers)
+        # counters before gauges: a scrape that sees a gauge's new value (a pin released) also
+        # sees the counts of the same step (the hit that released it); no scrape is atomic
         for source, metric in self._metrics.items():
             group, _, name = source.partition(".")
-            if group == "gauge":
-                if self._last.get(source) != gauges[name]:
-                    metric.set(gauges[name])
-                    self._last[source] = gauges[name]
-            elif group in groups:
+            if group in groups:
                 value = getattr(groups[group], name, 0) if groups[group] is not None else 0
                 delta = value - self._last.get(source, 0)
                 if delta > 0:
                     metric.inc(delta)
                 self._last[source] = value
+        for source, metric in self._metrics.items():
+            group, _, name = source.partition(".")
+            if group == "gauge" and self._last.get(source) != gauges[name]:
+                metric.set(gauges[name])
+                self._last[source] = gauges[name]

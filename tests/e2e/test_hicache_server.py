@@ -66,11 +66,13 @@ def test_three_turn_program_gets_its_prefix_back_from_host(tiny_model, tmp_path)
             context = context + out["output_ids"] + ids(30)
         # /metrics is current once the engine rests (series refresh at most every
         # METRICS_INTERVAL_S while serving, and at every idle iteration): a scrape right after
-        # the last response can precede that; the last step's release is the sign it happened
-        deadline = time.monotonic() + 10
+        # the last response can precede that, so poll until the program's end and release show
+        # (counters are written before gauges, so the released gauge comes with the hit counts)
+        deadline = time.monotonic() + 20
         while True:
             metrics = parse_metrics(client.get("/metrics").text)
-            if metrics.get("sglang:continuum_host_pinned_programs") == 0 or time.monotonic() > deadline:
+            ended = metrics.get("sglang:continuum_programs_ended_last_step_total") == 1
+            if (ended and metrics.get("sglang:continuum_host_pinned_programs") == 0) or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
     # turns 2 and 3 found their previous context on host (the last output token has no KV yet)

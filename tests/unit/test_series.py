@@ -11,6 +11,7 @@ from sglang_continuum.core.counters import (
     ShedCounters,
 )
 from sglang_continuum.core.series import SERIES, series_name
+from tests.support import controller
 
 METRICS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 
@@ -42,3 +43,33 @@ def test_names_follow_prometheus_conventions():
     assert series_name("counters.hits") == "sglang:continuum_pin_hits_total"
     assert all(s.name.startswith("sglang:continuum_") for s in SERIES)
     assert all(s.name.endswith("_total") == (s.kind == "counter") for s in SERIES)
+
+
+def test_a_scrape_that_sees_a_gauge_change_sees_the_counts_behind_it():
+    """Scrapes are not atomic: counters are written before gauges, so a client that waits for
+    a gauge (a host pin released) and then reads a counter (the host hit that released it)
+    never reads the counter stale. The recorders stand in for prometheus_client's children."""
+    from sglang_continuum.adapter.metrics import ContinuumMetrics
+
+    ctl, _ = controller()
+    writes: list[str] = []
+
+    class Recorder:
+        def __init__(self, source: str) -> None:
+            self.source = source
+
+        def inc(self, _delta: float) -> None:
+            writes.append(self.source)
+
+        def set(self, _value: float) -> None:
+            writes.append(self.source)
+
+    metrics = ContinuumMetrics.__new__(ContinuumMetrics)
+    metrics._last = {"gauge.host_pinned_programs": 1.0}
+    metrics._metrics = {s.source: Recorder(s.source) for s in SERIES if s.kind != "histogram"}
+    ctl.host_counters.host_hits += 1
+    metrics.update(ctl)
+    assert "host.host_hits" in writes and "gauge.host_pinned_programs" in writes
+    first_gauge = min(i for i, source in enumerate(writes) if source.startswith("gauge."))
+    assert all(not source.startswith("gauge.") for source in writes[:first_gauge])
+    assert all(source.startswith("gauge.") for source in writes[first_gauge:]), writes
