@@ -196,6 +196,7 @@ class ContinuumRadixCache(UnifiedRadixCache):
             len(req.origin_input_ids),
             host_loaded=int(getattr(req, "host_loaded_length", 0) or 0),
             cached=int(getattr(req, "prefix_len", 0) or 0),
+            probe=req.rid.startswith(HEALTH_CHECK_RID_PREFIX),
         )
         if self.event_log is not None:
             self.event_log.admitted(req.rid, self.step_clock(), self.controller.last_admission)
@@ -263,10 +264,13 @@ class ContinuumRadixCache(UnifiedRadixCache):
             self._release([pin], offload=pin.program_id != meta.program_id)
         return outcome.pin
 
-    def admit_turn(self, tag: TurnTag, context_tokens: int, *, host_loaded: int = 0, cached: int = 0) -> None:
+    def admit_turn(
+        self, tag: TurnTag, context_tokens: int, *, host_loaded: int = 0, cached: int = 0, probe: bool = False
+    ) -> None:
         """The turn holds its own lock on its prefix now: consume its program's pin (and host pin).
-        ``cached`` is SGLang's ``prefix_len``, which by admission counts host-loaded tokens too."""
-        self._release([self.controller.turn_admitted(tag, context_tokens, cached_tokens=cached)])
+        ``cached`` is SGLang's ``prefix_len``, which by admission counts host-loaded tokens too;
+        ``probe``: SGLang's own health probe."""
+        self._release([self.controller.turn_admitted(tag, context_tokens, cached_tokens=cached, probe=probe)])
         if self.host_tier is not None:
             self._release(self.controller.host_returned(tag, host_loaded))
 

@@ -3,10 +3,14 @@
 Program-level FCFS lets earlier programs' turns overtake a late program's request. A request is
 overdue once ``budget`` requests that arrived after it were admitted ahead of it: a bound in the
 engine's own pace (seconds on a fast engine, longer when it slows down). Overtakes are counted in
-prefill work, each admission relative to the recent mean: what an overtake costs the request it
-passes is the time the engine spends prefilling it, and one 15k-token re-prefill delays a late
-turn as long as ten 1.5k-token turns do (recorded agents mix such contexts, and counting requests
-let two programs that re-prefilled the whole pool in turn hold a small late turn for minutes).
+prefill work, in units of the recent mean prompt: an admission that prefills a prompt of average
+length from scratch is one overtake (as counting requests had it), a return that finds its
+context cached a fraction of one, and a re-prefill of a context ten times the mean ten. What an
+overtake costs the request it passes is the engine's time on its prefill: counted in requests,
+two programs that re-prefilled the whole pool in turn held small late turns for minutes
+(recorded agents mix such contexts). The unit is the mean prompt, not the mean prefill: where
+returns mostly hit, the mean prefill is a small append, every re-prefill of an ordinary context
+counted as several overtakes, and program order, which is what keeps those contexts, gave way.
 
 The budget is what fairness lends to locality: earlier programs go first so that their contexts
 are still there when they come back. While the pool keeps locality the budget is
@@ -31,7 +35,8 @@ from sglang_continuum.core.turns import TurnTag
 # budget stays at max_overtakes.
 THRASH_LOSS = 0.5
 MIN_OVERTAKES = 2  # the budget when returning programs find none of their contexts (>= 1: 0 means no bound)
-WORK_WINDOW = 256  # admissions the mean prefill work per admission is taken over (exponentially)
+PROMPT_WINDOW = 256  # admissions the mean prompt is taken over (exponentially)
+_PROMPT_DECAY = 1.0 - 1.0 / PROMPT_WINDOW
 
 
 class BoundedWaiting:
@@ -48,17 +53,27 @@ class BoundedWaiting:
         self.min_overtakes = min_overtakes
         self.return_loss = return_loss
         # the clock overtakes are counted on: every admission advances it by its prefill work over
-        # the mean (an average admission is one overtake)
+        # the mean prompt (an average prompt prefilled from scratch is one overtake)
         self.pace = 0.0
-        self.mean_work: Optional[float] = None
+        # the mean is a ratio of decayed sums (an exponential average corrected for its start):
+        # seeded by one sample, as a plain exponential average is, a server's first request (a
+        # 1-token health probe) would make every admission of its first hundreds count as hundreds
+        self._prompt_sum = 0.0
+        self._prompt_weight = 0.0
 
-    def admitted(self, work_tokens: int) -> None:
-        """A request was admitted that prefills ``work_tokens`` (its prompt less its cached prefix)."""
-        work = float(max(1, work_tokens))
-        if self.mean_work is None:
-            self.mean_work = work
-        self.pace += work / self.mean_work
-        self.mean_work += (work - self.mean_work) / WORK_WINDOW
+    @property
+    def mean_prompt(self) -> Optional[float]:
+        """Prompt tokens per admission over about the last ``PROMPT_WINDOW`` (None before any)."""
+        return self._prompt_sum / self._prompt_weight if self._prompt_weight else None
+
+    def admitted(self, prompt_tokens: int, cached_tokens: int = 0) -> None:
+        """A request with ``prompt_tokens`` was admitted and found ``cached_tokens`` of them cached:
+        it prefills the rest."""
+        prompt = float(max(1, prompt_tokens))
+        work = max(1.0, prompt - cached_tokens)
+        self._prompt_sum = self._prompt_sum * _PROMPT_DECAY + prompt
+        self._prompt_weight = self._prompt_weight * _PROMPT_DECAY + 1.0
+        self.pace += work / (self._prompt_sum / self._prompt_weight)
 
     def budget(self, *, first_turn: bool = False) -> int:
         """Later arrivals that may be admitted ahead of a request entering the queue now (0: no
@@ -76,14 +91,14 @@ class BoundedWaiting:
 
     def enter(self, tag: TurnTag, now: float, waiting_ahead: int) -> None:
         """``tag`` (re-)entered the queue behind ``waiting_ahead`` requests (those go first under FCFS
-        too; each counted as an average admission): its wait starts now, and admissions beyond
+        too; each counted as one overtake): its wait starts now, and admissions beyond
         these overtake it. A retracted turn starts afresh (time spent running is not waiting)."""
         tag.queued_at = now
         tag.overtake_base = self.pace + max(0, waiting_ahead)
         tag.overtake_budget = self.budget(first_turn=tag.meta.has_program and tag.turn == 1)
 
     def overtaken(self, tag: TurnTag) -> float:
-        """Later arrivals admitted ahead of ``tag`` so far, in average admissions (approximate)."""
+        """Later arrivals admitted ahead of ``tag`` so far, in overtakes (approximate)."""
         return max(0.0, self.pace - tag.overtake_base)
 
     def overdue_after(self, tag: TurnTag) -> Optional[float]:
@@ -96,4 +111,6 @@ class BoundedWaiting:
         return due is not None and self.pace >= due
 
     def check_integrity(self) -> None:
-        assert self.pace >= 0.0 and (self.mean_work is None or self.mean_work >= 1.0), (self.pace, self.mean_work)
+        mean = self.mean_prompt
+        assert self.pace >= 0.0 and (mean is None or mean >= 1.0 - 1e-9), (self.pace, mean)
+        assert 0.0 <= self._prompt_weight <= PROMPT_WINDOW + 1e-9, self._prompt_weight

@@ -134,11 +134,15 @@ class ContinuumController:
         not waiting)."""
         self.bounded.enter(tag, self.clock(), waiting_ahead)
 
-    def turn_admitted(self, tag: TurnTag, context_tokens: int, cached_tokens: Optional[int] = None) -> Optional[Pin]:
+    def turn_admitted(
+        self, tag: TurnTag, context_tokens: int, cached_tokens: Optional[int] = None, *, probe: bool = False
+    ) -> Optional[Pin]:
         """The turn was admitted and holds its own lock on its prefix: consume the program's pin
         (a hit). A returning turn that missed its prefix (no pin when it arrived, or its pin was
         shed while it waited) contributes its wait (arrival to admission) to T. ``cached_tokens``
-        (of its prompt, found cached on device or host; None: not known) feeds the return loss."""
+        (of its prompt, found cached on device or host; None: not known) feeds the return loss.
+        ``probe``: a health probe of SGLang's own, not traffic (an idle server answers one every
+        few seconds): it does not move the overtaking clock or its mean work per admission."""
         now = self.clock()
         overdue = self.is_overdue(tag)
         pid = tag.meta.program_id if tag.meta.has_program else None
@@ -158,7 +162,8 @@ class ContinuumController:
             self.admission_control.return_loss.ratio,
         )
         self.admission.admitted += 1
-        self.bounded.admitted(context_tokens - (cached_tokens or 0))
+        if not probe:
+            self.bounded.admitted(context_tokens, cached_tokens or 0)
         self.admission.overdue_admitted += overdue
         if pid is None:
             return None

@@ -71,7 +71,7 @@ SERIES: tuple[Series, ...] = (
         "gauge",
         "gauge.overtake_budget",
         "Later arrivals that may be admitted ahead of a returning turn entering the queue now before it is overdue, "
-        "in average admissions' prefill (max_overtakes, down to 2 as the return loss passes 0.5; a first turn keeps "
+        "in average prompts prefilled (max_overtakes, down to 2 as the return loss passes 0.5; a first turn keeps "
         "max_overtakes; 0: no bound).",
     ),
     Series(

@@ -40,8 +40,8 @@ class ContinuumSettings(BaseModel):
     max_overtakes: int = Field(
         32,
         ge=0,
-        description="bounded waiting: a request is overdue once later arrivals worth this many average admissions' "
-        "prefill were admitted ahead of it (fewer while the pool thrashes); 0 = no bound",
+        description="bounded waiting: a request is overdue once later arrivals worth this many average prompts "
+        "prefilled were admitted ahead of it (fewer while the pool thrashes); 0 = no bound",
     )
     admission_control: bool = Field(
         True, description="a new program's first turn waits while the working sets of programs in flight fill the pool"

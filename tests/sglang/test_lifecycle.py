@@ -160,7 +160,7 @@ def test_an_overdue_first_turn_held_at_the_door_is_not_overtaken_by_smaller_ones
     big = driver.submit(tokens(rng, 600), max_new_tokens=4, custom_params=meta("big"))
     driver.step()
     assert big not in driver.admitted and get_tag(driver.req(big)).held_back
-    # later arrivals admitted ahead of it until their prefill is worth two average admissions'
+    # later arrivals admitted ahead of it until their prefill is worth two average prompts
     # (max_overtakes 2): overdue
     for _ in range(12):
         if controller.is_overdue(get_tag(driver.req(big))):

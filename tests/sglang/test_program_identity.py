@@ -186,15 +186,24 @@ def test_once_first_turns_are_continued_a_first_turn_is_a_program_and_its_first_
 
 def test_sglang_health_probes_are_not_remembered_as_programs(driver):
     """``/health_generate`` sends a plain request with a ``HEALTH_CHECK`` rid: served as any
-    request of no program, but inference neither attributes nor remembers it."""
+    request of no program, but inference neither attributes nor remembers it, and bounded waiting
+    does not count it (an idle server answers one every few seconds: as 1-token admissions they
+    would drag the mean prompt down until every admission of the next burst counted as hundreds
+    of overtakes)."""
     from sglang.srt.constants import HEALTH_CHECK_RID_PREFIX
 
     rng = random.Random(14)
     cache = driver.s.tree_cache
+    bounded = cache.controller.bounded
     remembered = len(cache.inference._provisional)
+    pace, mean = bounded.pace, bounded.mean_prompt
     rid = driver.submit(tokens(rng, 40), max_new_tokens=2, rid=f"{HEALTH_CHECK_RID_PREFIX}_probe")
     driver.run_until_idle()
     req = driver.req(rid)
     assert req.finished() and getattr(req, "_continuum_first_turn", None) is None
     assert len(cache.inference._provisional) <= remembered
+    assert (bounded.pace, bounded.mean_prompt) == (pace, mean)
+    driver.submit(tokens(rng, 40), max_new_tokens=2)  # the same request, not a probe: counted
+    driver.run_until_idle()
+    assert bounded.pace > pace
     cache.check_integrity()

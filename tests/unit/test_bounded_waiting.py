@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from sglang_continuum.core.bounded_waiting import MIN_OVERTAKES, THRASH_LOSS, BoundedWaiting
 from sglang_continuum.core.controller import ContinuumController
-from sglang_continuum.core.metadata import ProgramMeta
+from sglang_continuum.core.metadata import NO_PROGRAM, ProgramMeta
 from sglang_continuum.core.return_loss import ReturnLossMeter
 from tests.support import controller
 
@@ -82,9 +82,9 @@ def test_a_late_request_is_overdue_sooner_once_the_pool_thrashes():
     assert again.turn == 2 and again.overtake_budget == floor
     new = c.turn_arrived(ProgramMeta("new", False, None))
     assert new.overtake_budget == 32  # a first turn keeps the full budget: the door is load control
-    for i in range(floor):  # later arrivals of an average admission's prefill work each
+    for i in range(floor):  # later arrivals that prefill an average prompt from scratch: one overtake each
         assert not c.is_overdue(again)
-        c.turn_admitted(c.turn_arrived(ProgramMeta(f"o{i}", False, None)), math.ceil(c.bounded.mean_work))
+        c.turn_admitted(c.turn_arrived(ProgramMeta(f"o{i}", False, None)), math.ceil(c.bounded.mean_prompt))
     assert c.is_overdue(again) and not c.is_overdue(new)
     # the request that entered while the pool kept locality keeps its budget (its key changes only
     # at events the incremental order knows): 16 + floor later arrivals overtook it so far
@@ -92,3 +92,49 @@ def test_a_late_request_is_overdue_sooner_once_the_pool_thrashes():
     c.turn_admitted(again, 510, cached_tokens=0)
     assert c.last_admission.overtaken == pytest.approx(floor, abs=0.01) and c.last_admission.overtake_budget == floor
     c.check_integrity()
+
+
+def test_a_first_admission_of_one_token_does_not_make_every_later_one_count_hundreds():
+    """A fresh server's first admission is often a 1-token health probe: the mean prompt must not
+    start there and crawl up (with every admission counting hundreds of overtakes meanwhile, every
+    waiting request is overdue and program order is gone)."""
+    bounded = BoundedWaiting(32, ReturnLossMeter())
+    bounded.admitted(1)
+    for _ in range(20):
+        bounded.admitted(500)
+    steps = []
+    for _ in range(10):
+        before = bounded.pace
+        bounded.admitted(500)
+        steps.append(bounded.pace - before)
+    assert all(0.95 < step < 1.1 for step in steps), steps  # an average prompt from scratch: one overtake
+    assert bounded.mean_prompt == pytest.approx(500, rel=0.05)
+    bounded.check_integrity()
+
+
+@given(admissions=st.lists(st.tuples(st.integers(0, 200_000), st.floats(0.0, 1.0)), min_size=1, max_size=600))
+def test_the_mean_prompt_stays_within_the_prompts_it_averages(admissions):
+    bounded = BoundedWaiting(32, ReturnLossMeter())
+    for prompt, cached_share in admissions:
+        before = bounded.pace
+        bounded.admitted(prompt, int(prompt * cached_share))
+        assert bounded.pace > before  # every admission moves the clock, a full hit a little
+        bounded.check_integrity()
+    prompts = [max(1, p) for p, _ in admissions]
+    assert min(prompts) - 1e-6 <= bounded.mean_prompt <= max(prompts) + 1e-6
+
+
+def test_a_health_probe_does_not_move_the_overtaking_clock():
+    """An idle server answers SGLang's health probe every few seconds: 1-token admissions that
+    are nobody's traffic must not drag the mean work per admission down (after an idle hour,
+    every admission of the next burst would count as hundreds of overtakes)."""
+    c, _ = controller()
+    for i in range(8):
+        c.turn_admitted(c.turn_arrived(ProgramMeta(f"p{i}", False, None)), 500)
+    pace, mean = c.bounded.pace, c.bounded.mean_prompt
+    for _ in range(1000):
+        c.turn_admitted(c.turn_arrived(NO_PROGRAM), 1, probe=True)
+    assert c.bounded.pace == pace and c.bounded.mean_prompt == mean
+    waiting = c.turn_arrived(ProgramMeta("late", False, None))
+    c.turn_admitted(c.turn_arrived(ProgramMeta("next", False, None)), 500)
+    assert c.bounded.overtaken(waiting) == pytest.approx(1.0, abs=0.05)

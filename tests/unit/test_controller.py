@@ -172,21 +172,36 @@ def test_overtaking_bound_counts_later_arrivals_admitted_ahead():
 
 
 def test_an_overtake_counts_its_prefill_work():
-    # What an overtake costs the turn it passes is the prefill the engine runs first: ten returns
-    # that find all but 10 tokens cached pass it as fast as one average admission, one 1000-token
-    # re-prefill as ten of them (counting requests, the cached returns made it overdue and the
-    # re-prefill passed it as one).
+    # What an overtake costs the turn it passes is the prefill the engine runs first, in units of
+    # the mean prompt: ten returns that find all but a tenth of an average prompt cached pass it as
+    # fast as one average prompt prefilled from scratch, one re-prefill of ten average prompts as
+    # ten of them (counting requests, the cached returns made it overdue and the re-prefill passed
+    # it as one).
     c, clock = make(max_overtakes=3)
-    for i in range(4):
-        c.turn_admitted(c.turn_arrived(turn(f"m{i}")), 100)  # 100 tokens of prefill per admission
+    for i in range(300):
+        c.turn_admitted(c.turn_arrived(turn(f"m{i}")), 1000)  # 1000-token prompts, nothing cached, of late
     held = c.turn_arrived(turn("held"))
     for i in range(10):
-        c.turn_admitted(c.turn_arrived(turn(f"r{i}")), 1000, cached_tokens=990)
+        c.turn_admitted(c.turn_arrived(turn(f"r{i}")), 1000, cached_tokens=900)
     assert not c.is_overdue(held) and c.bounded.overtaken(held) == pytest.approx(1.0, abs=0.05)
-    c.turn_admitted(c.turn_arrived(turn("big")), 1000, cached_tokens=0)
-    assert c.is_overdue(held) and c.bounded.overtaken(held) > 10
-    c.turn_admitted(held, 100)
-    assert c.last_admission.overdue and c.last_admission.overtaken > 10
+    c.turn_admitted(c.turn_arrived(turn("big")), 10_000, cached_tokens=0)
+    assert c.is_overdue(held) and c.bounded.overtaken(held) > 9
+    c.turn_admitted(held, 1000)
+    assert c.last_admission.overdue and c.last_admission.overtaken > 9
+
+
+def test_returns_that_hit_do_not_make_a_reprefill_of_an_ordinary_context_count_as_many():
+    # Where returns mostly find their contexts cached, the mean prefill per admission is a small
+    # append; measured against it, a re-prefill of an ordinary context counted as several overtakes,
+    # waiting turns went overdue and program order (what keeps those contexts) gave way. Against
+    # the mean prompt it counts as one.
+    c, clock = make(max_overtakes=3)
+    for i in range(300):
+        c.turn_admitted(c.turn_arrived(turn(f"m{i}")), 1000, cached_tokens=950)  # returns that hit
+    held = c.turn_arrived(turn("held"))
+    for i in range(2):
+        c.turn_admitted(c.turn_arrived(turn(f"lost{i}")), 1000, cached_tokens=0)  # two that lost theirs
+    assert c.bounded.overtaken(held) == pytest.approx(2.0, abs=0.05) and not c.is_overdue(held)
 
 
 def test_a_retracted_turn_waits_afresh():
@@ -210,16 +225,16 @@ def test_bound_holds_in_the_pins_only_variant():
 
 
 def test_an_overdue_first_turn_waits_for_room():
-    # 820 tokens in flight in a 1000-token pool; an overdue 300-token first turn does not fit the
-    # pool: it waits like any other (the pool is already sized for growth)
+    # 1,640 tokens in flight in an 1,800-token pool; an overdue 300-token first turn does not fit
+    # the pool: it waits like any other (the pool is already sized for growth)
     c, clock = make(max_overtakes=1)
-    for pid in ("a", "b"):  # cached but for 10 tokens: the prefill work of the later arrivals too
-        c.turn_admitted(c.turn_arrived(turn(pid)), 400, cached_tokens=390)
+    for pid in ("a", "b"):
+        c.turn_admitted(c.turn_arrived(turn(pid)), 410, cached_tokens=400)
     new = c.turn_arrived(turn("new"))
-    c.turn_admitted(c.turn_arrived(turn("c")), 10)  # two later arrivals overtake it
-    c.turn_admitted(c.turn_arrived(turn("d")), 10)
+    c.turn_admitted(c.turn_arrived(turn("c")), 410)  # two later arrivals, prefilled from scratch, overtake it
+    c.turn_admitted(c.turn_arrived(turn("d")), 410)
     assert c.is_overdue(new)
-    assert c.holds_back(new, 300, 1000) is True
+    assert c.holds_back(new, 300, 1800) is True
     assert c.holds_back(new, 300, 2000) is False  # room in the pool: in it goes
 
 
