@@ -9,8 +9,9 @@ context cached a fraction of one, and a re-prefill of a context ten times the me
 overtake costs the request it passes is the engine's time on its prefill: counted in requests,
 two programs that re-prefilled the whole pool in turn held small late turns for minutes
 (recorded agents mix such contexts). The unit is the mean prompt, not the mean prefill: where
-returns mostly hit, the mean prefill is a small append, every re-prefill of an ordinary context
-counted as several overtakes, and program order, which is what keeps those contexts, gave way.
+returns mostly hit, the mean prefill is a small append, against which a re-prefill of an ordinary
+context would count as several overtakes and make waiting turns overdue where program order is
+what keeps those contexts.
 
 The budget is what fairness lends to locality: earlier programs go first so that their contexts
 are still there when they come back. While the pool keeps locality the budget is

@@ -142,7 +142,7 @@ class ContinuumController:
         shed while it waited) contributes its wait (arrival to admission) to T. ``cached_tokens``
         (of its prompt, found cached on device or host; None: not known) feeds the return loss.
         ``probe``: a health probe of SGLang's own, not traffic (an idle server answers one every
-        few seconds): it does not move the overtaking clock or its mean work per admission."""
+        few seconds): it does not move the overtaking clock or its mean prompt."""
         now = self.clock()
         overdue = self.is_overdue(tag)
         pid = tag.meta.program_id if tag.meta.has_program else None

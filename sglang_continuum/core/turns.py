@@ -46,7 +46,7 @@ class AdmissionRecord:
     program_id: Optional[str]
     turn: int
     wait_s: float  # from (re-)entering the queue to admission
-    overtaken: float  # later arrivals admitted ahead of it, in average admissions' prefill work (approximate)
+    overtaken: float  # later arrivals admitted ahead of it, in average prompts prefilled (approximate)
     overtake_budget: int  # the overtakes that made it overdue (fixed when it entered the queue; 0: no bound)
     overdue: bool  # it was overdue when admitted
     held_back: bool  # admission control held it back at least once
