@@ -37,7 +37,6 @@ from sglang_continuum.core.counters import (
 from sglang_continuum.core.metadata import ProgramMeta
 from sglang_continuum.core.offload import ReloadCost
 from sglang_continuum.core.pins import Pin, PinTable, Tier
-from sglang_continuum.core.priority import place_rank
 from sglang_continuum.core.programs import HOST_TIER_WORKING_SET_WINDOW_S, ProgramRegistry, ProgramState
 from sglang_continuum.core.rules import Rules, resolve_rules
 from sglang_continuum.core.settings import ContinuumSettings
@@ -98,11 +97,8 @@ class ContinuumController:
         self.programs.working_set_window_s = HOST_TIER_WORKING_SET_WINDOW_S
 
     # -- events --------------------------------------------------------------------------
-    def turn_arrived(
-        self, meta: ProgramMeta, *, waiting_ahead: int = 0, prompt_tokens: int = 0, cached_tokens: Optional[int] = None
-    ) -> TurnTag:
-        """A turn entered the waiting queue behind ``waiting_ahead`` requests, with ``cached_tokens``
-        of its ``prompt_tokens`` cached (None: not known), which places it (``priority.place_rank``)."""
+    def turn_arrived(self, meta: ProgramMeta, *, waiting_ahead: int = 0) -> TurnTag:
+        """A turn entered the waiting queue behind ``waiting_ahead`` requests."""
         rank = next(self._rank)
         now = self.clock()
         self.identity.count(meta.identified_by)
@@ -129,10 +125,7 @@ class ContinuumController:
             self.sheds.returned += 1
             self._pin_outcome(hit=False)
         miss = state.turns_arrived > 1 and meta.program_id not in self.pins
-        place = state.arrival_rank
-        if miss:
-            place = place_rank(place, rank, state.context_tokens, prompt_tokens, cached_tokens)
-        tag = TurnTag(meta, rank, place, now, miss, turn=state.turns_arrived, program=state)
+        tag = TurnTag(meta, rank, state.arrival_rank, now, miss, turn=state.turns_arrived, program=state)
         self.bounded.enter(tag, now, waiting_ahead)
         return tag
 

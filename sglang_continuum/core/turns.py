@@ -19,10 +19,7 @@ class TurnTag:
 
     meta: ProgramMeta
     request_rank: int  # arrival order of this request
-    # the rank program order places it by: its program's first turn's arrival; its own
-    # (== request_rank) without a program, or when it came back to a context mostly gone
-    # (``priority.place_rank``)
-    program_rank: int
+    program_rank: int  # arrival order of its program's first turn (== request_rank without a program)
     arrival: float = 0.0
     returning_miss: bool = False  # a later turn whose program held no pin when it arrived
     held_back: bool = False  # admission control kept it waiting at least once

@@ -204,34 +204,6 @@ def test_returns_that_hit_do_not_make_a_reprefill_of_an_ordinary_context_count_a
     assert c.bounded.overtaken(held) == pytest.approx(2.0, abs=0.05) and not c.is_overdue(held)
 
 
-def test_a_return_that_finds_its_context_gone_is_placed_by_its_own_arrival():
-    # Program order pays by serving a program while its context is there; placed by its program's
-    # age, a return that must re-prefill its whole context anyway puts the longest prompts at the
-    # head of the queue (recorded tau-bench on a small pool: 4% behind fcfs with nothing pinned).
-    c, clock = make(fixed_ttl_s=0.0)  # nothing is pinned
-    for pid in ("gone", "kept", "cut", "unknown"):
-        c.turn_arrived(turn(pid))
-        c.turn_finished(turn(pid), context_tokens=1000, handle=None)
-    newcomer = c.turn_arrived(turn("new"))
-    gone = c.turn_arrived(turn("gone"), prompt_tokens=1100, cached_tokens=400)
-    kept = c.turn_arrived(turn("kept"), prompt_tokens=1100, cached_tokens=600)
-    cut = c.turn_arrived(turn("cut"), prompt_tokens=300, cached_tokens=200)  # the client cut its history
-    unknown = c.turn_arrived(turn("unknown"), prompt_tokens=1100)  # the adapter could not tell
-    assert all(t.returning_miss for t in (gone, kept, cut, unknown))
-    assert gone.program_rank == gone.request_rank
-    order = sorted([newcomer, gone, kept, cut, unknown], key=lambda t: c.priority_key(t, False))
-    assert order == [kept, cut, unknown, newcomer, gone]
-
-
-def test_a_pinned_return_keeps_its_programs_place_whatever_was_matched():
-    c, clock = make(fixed_ttl_s=5.0)
-    c.turn_arrived(turn("p"))
-    c.turn_finished(turn("p"), context_tokens=1000, handle="h")
-    newcomer = c.turn_arrived(turn("new"))
-    back = c.turn_arrived(turn("p"), prompt_tokens=1100, cached_tokens=0)
-    assert not back.returning_miss and back.program_rank < newcomer.program_rank
-
-
 def test_a_retracted_turn_waits_afresh():
     c, clock = make(max_overtakes=2)
     tag = c.turn_arrived(turn("p"))
