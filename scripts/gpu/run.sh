@@ -68,7 +68,7 @@ if [ "$STAGE" != bench ]; then
   if [ "$SMOKE_RC" = 0 ]; then
     echo "== step times against the emulator's profiles"
     "$PY" -m continuum_lab.cli.gpu_bundle steps --url "http://127.0.0.1:$PORT" --out "$OUT/steps.json" \
-      --profile configs/profiles/h100-sglang-llama-3.1-8b.json --profile configs/profiles/h100-llama-3.1-8b.json
+      --profile configs/profiles/h100-sglang-llama-3.1-8b.json --profile configs/profiles/h100-sglang-shim-llama-3.1-8b.json
   fi
   set -e
   "$PY" - "$PORT" > "$OUT/metrics-smoke.txt" <<'EOF' || true
@@ -91,5 +91,5 @@ if [ "$STAGE" != smoke ]; then
   # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
   timeout "$BENCH_TIMEOUT_S" "$PY" -m continuum_lab.cli.bench --gpu shim --model "$MODEL" \
     --workload "$WORKLOAD" --policies "$POLICIES" --jps "$JPS" --seeds "$SEEDS" --no-pin-cpus \
-    --prefill-profile configs/profiles/h100-llama-3.1-8b.json --out "$OUT/bench" ${BENCH_ARGS:-}
+    --prefill-profile configs/profiles/h100-sglang-shim-llama-3.1-8b.json --out "$OUT/bench" ${BENCH_ARGS:-}
 fi

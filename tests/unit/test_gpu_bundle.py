@@ -287,7 +287,7 @@ def test_run_script_commands(tmp_path):
         f"--model {bundle}/models/{gb.MODEL_NAME}",
         f"--workload {bundle}/workloads/{gb.WORKLOAD_NAME}",
         "--policies fcfs,lpm,continuum",
-        "--prefill-profile configs/profiles/h100-llama-3.1-8b.json",
+        "--prefill-profile configs/profiles/h100-sglang-shim-llama-3.1-8b.json",
     ):
         assert part in bench
     # the bench's own flag set is the one check-imports and the smoke server used
