@@ -125,10 +125,7 @@ class ContinuumController:
             self.sheds.returned += 1
             self._pin_outcome(hit=False)
         miss = state.turns_arrived > 1 and meta.program_id not in self.pins
-        # program order is for programs the TTL model keeps: one it judged not worth a pin comes
-        # back to a context it let go and queues by its own arrival (``priority.py``)
-        place = rank if miss and state.pin_declined else state.arrival_rank
-        tag = TurnTag(meta, rank, place, now, miss, turn=state.turns_arrived, program=state)
+        tag = TurnTag(meta, rank, state.arrival_rank, now, miss, turn=state.turns_arrived, program=state)
         self.bounded.enter(tag, now, waiting_ahead)
         return tag
 
@@ -235,7 +232,6 @@ class ContinuumController:
         pid = state.program_id
         ttl = min(float(self.ttl_model.ttl(TTLQuery(tool, context_tokens))), self.settings.max_ttl_s)
         out.ttl = ttl
-        state.pin_declined = ttl <= 0
         if ttl <= 0:
             logger.debug("continuum: program=%s tool=%s ttl=0; no pin", pid, tool)
             return

@@ -204,34 +204,6 @@ def test_returns_that_hit_do_not_make_a_reprefill_of_an_ordinary_context_count_a
     assert c.bounded.overtaken(held) == pytest.approx(2.0, abs=0.05) and not c.is_overdue(held)
 
 
-def test_a_return_the_ttl_model_judged_not_worth_a_pin_queues_by_its_own_arrival():
-    # Program order pays by serving a program while the pin keeps its context; a program whose
-    # tool gap the TTL model let go comes back to a re-prefill, and placed by its program's age it
-    # puts the longest prompts at the head of the queue (recorded tau-bench on a small pool: 4%
-    # behind fcfs with nothing pinned).
-    c, clock = make(fixed_ttl_s=0.0)  # every gap judged not worth a pin
-    c.turn_arrived(turn("old"))
-    c.turn_finished(turn("old"), context_tokens=1000, handle="h")
-    newcomer = c.turn_arrived(turn("new"))
-    back = c.turn_arrived(turn("old"))
-    assert back.returning_miss and back.program_rank == back.request_rank
-    assert sorted([back, newcomer], key=lambda t: c.priority_key(t, False)) == [newcomer, back]
-
-
-def test_a_return_whose_pin_expired_or_was_refused_keeps_its_programs_place():
-    # the TTL model judged the gap worth keeping: the program keeps its place even when the pin
-    # ran out (a tool slower than its TTL) or never fit the budget
-    for budget, gap in ((10_000, 6.0), (500, 0.1)):
-        c, clock = make(fixed_ttl_s=5.0, budget=budget)
-        c.turn_arrived(turn("old"))
-        c.turn_finished(turn("old"), context_tokens=1000, handle="h")
-        newcomer = c.turn_arrived(turn("new"))
-        clock.advance(gap)
-        c.step(lambda pid: False)
-        back = c.turn_arrived(turn("old"))
-        assert back.returning_miss and back.program_rank < newcomer.program_rank
-
-
 def test_a_retracted_turn_waits_afresh():
     c, clock = make(max_overtakes=2)
     tag = c.turn_arrived(turn("p"))
