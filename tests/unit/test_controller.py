@@ -204,6 +204,20 @@ def test_returns_that_hit_do_not_make_a_reprefill_of_an_ordinary_context_count_a
     assert c.bounded.overtaken(held) == pytest.approx(2.0, abs=0.05) and not c.is_overdue(held)
 
 
+def test_a_return_whose_pin_expired_or_was_refused_keeps_its_programs_place():
+    # program order holds for a program the TTL model judged worth keeping, whether its pin ran
+    # out (a tool slower than its TTL) or never fit the budget
+    for budget, gap in ((10_000, 6.0), (500, 0.1)):
+        c, clock = make(fixed_ttl_s=5.0, budget=budget)
+        c.turn_arrived(turn("old"))
+        c.turn_finished(turn("old"), context_tokens=1000, handle="h")
+        newcomer = c.turn_arrived(turn("new"))
+        clock.advance(gap)
+        c.step(lambda pid: False)
+        back = c.turn_arrived(turn("old"))
+        assert back.returning_miss and back.program_rank < newcomer.program_rank
+
+
 def test_a_retracted_turn_waits_afresh():
     c, clock = make(max_overtakes=2)
     tag = c.turn_arrived(turn("p"))
