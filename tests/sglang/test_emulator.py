@@ -26,17 +26,17 @@ PROFILE = {
 }
 
 
-def _profile(tmp_path):
+def _profile(tmp_path, **keys):
     path = tmp_path / "profile.json"
-    path.write_text(json.dumps(PROFILE))
+    path.write_text(json.dumps(PROFILE | keys))
     return path
 
 
-def _emulate(tmp_path, workload, policy, *, pool, jps=1.0, seed=0, name="run", env=(), server_args=""):
+def _emulate(tmp_path, workload, policy, *, pool, jps=1.0, seed=0, name="run", env=(), server_args="", profile=None):
     out = tmp_path / f"{name}.json"
     cmd = [
         sys.executable, "-m", "continuum_lab.emulator.run", "--workload", str(workload), "--policy", policy,
-        "--profile", str(_profile(tmp_path)), "--jps", str(jps), "--seed", str(seed),
+        "--profile", str(profile or _profile(tmp_path)), "--jps", str(jps), "--seed", str(seed),
         "--max-total-tokens", str(pool), "--out", str(out), f"--server-args={server_args}",
         *(f"--env={kv}" for kv in env),
     ]  # fmt: skip
@@ -57,7 +57,16 @@ def _series(run, name):
     )
 
 
-def test_an_isolated_programs_time_is_its_predicted_steps_plus_its_tool_time(tmp_path):
+LOOPS = {  # SGLang's scheduler loop: overlapped on a GPU, overlapped on a CPU, serial
+    "overlap": ({}, ""),
+    "overlap-cpu": ({"synchronous_forward": True}, ""),
+    "serial": ({}, "--disable-overlap-schedule"),
+}
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_an_isolated_programs_time_is_its_predicted_steps_plus_its_tool_time(tmp_path, loop):
+    keys, server_args = LOOPS[loop]
     workload = dump_workload(
         [
             Program(
@@ -70,8 +79,10 @@ def test_an_isolated_programs_time_is_its_predicted_steps_plus_its_tool_time(tmp
         ],
         tmp_path / "solo.jsonl",
     )
-    run = _emulate(tmp_path, workload, "fcfs", pool=20_000)
-    model = StepLatencyModel.load(_profile(tmp_path))
+    profile = _profile(tmp_path, **keys)
+    run = _emulate(tmp_path, workload, "fcfs", pool=20_000, profile=profile, server_args=server_args)
+    assert run["emulator"]["overlap"] == (loop != "serial")
+    model = StepLatencyModel.load(profile)
     t1, t2 = _turns(run)
     assert t1["cached_tokens"] == 0
     assert t2["cached_tokens"] >= 3000 + 20 - 1  # the whole first turn, less the unsampled last token
@@ -85,6 +96,12 @@ def test_an_isolated_programs_time_is_its_predicted_steps_plus_its_tool_time(tmp
     assert t2["finish"] - t2["send"] == pytest.approx(turn_time(3420, t2["cached_tokens"], 10), rel=1e-9)
     assert t1["queue_time_s"] == 0.0 and t2["queue_time_s"] == 0.0
     assert run["replay"]["programs"][0]["jct"] == pytest.approx(t2["finish"] - t1["send"])
+    # the first token goes out when the prefill's results are processed: on a CPU after the next
+    # forward (the first decode step), which ran inside the launch before them
+    first = model.prefill_seconds([(3000, 0)])
+    if loop == "overlap-cpu":
+        first += model.decode_seconds(1, 3001)
+    assert t1["first_token"] - t1["send"] == pytest.approx(first, rel=1e-9)
 
 
 def test_a_turn_reaching_an_idle_server_is_stamped_when_it_arrives_not_at_the_last_step(tmp_path):

@@ -74,3 +74,17 @@ def test_every_committed_emulator_profile_loads():
     assert {m.name for m in loaded} >= {"cpu-tiny-llama-bench", "h100-sglang-llama-3.1-8b"}
     for m in loaded:
         assert m.prefill_seconds([(1000, 0)]) > 0 and m.decode_seconds(8, 8000) > 0
+
+
+def test_cpu_profiles_run_the_forward_inside_the_launch_and_gpu_profiles_do_not():
+    # The emulator times SGLang's overlap loop by this: on a CPU run_batch returns when the
+    # forward is done, so the next batch is selected after it; on a GPU while it runs.
+    from pathlib import Path
+
+    profiles = Path(__file__).resolve().parents[2] / "configs" / "profiles"
+    for p in sorted(profiles.glob("*.json")):
+        data = json.loads(p.read_text())
+        if "coeffs" not in data.get("decode", {}):
+            continue
+        assert StepLatencyModel.load(p).synchronous_forward == p.name.startswith("cpu-"), p.name
+    assert StepLatencyModel(prefill=(0, 0, 0), decode=(0, 0, 0)).synchronous_forward is False

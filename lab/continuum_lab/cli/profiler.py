@@ -265,6 +265,8 @@ def main(argv=None) -> int:
         print(
             f"prefill fit with prefixes: {coeffs} + {prefix_coeff:.4g}*p^2; decode fit: {d[0]:.4g} + {d[1]:.4g}*B + {d[2]:.4g}*L s"
         )
+    if server is not None:  # the CPU server this command started: its forward blocks the scheduler
+        data["synchronous_forward"] = True
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(data, indent=2) + "\n")
     c0, c1, c2 = profile.coeffs

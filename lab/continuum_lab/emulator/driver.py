@@ -182,7 +182,9 @@ class ClosedLoopDriver:
         self._loop(start, until=None)
         if self._inflight:
             raise SchedulerWedged(f"{len(self._inflight)} requests never finished")
-        engine.step(self.s)[1]()  # one idle iteration after the last turn, as a server has (metrics, self-check)
+        # one idle iteration after the last turn, as a server has (metrics, self-check)
+        assert engine.select(self.s) is None, "an idle scheduler selected a batch"
+        engine.end_iteration(self.s, None, None, idle=True)
         return ReplayResult([p.record for p in self._states], self.clock() - start)
 
     def run_sessions(
@@ -199,6 +201,16 @@ class ClosedLoopDriver:
         return ReplayResult([p.record for p in self._states], self.clock() - start)
 
     def _loop(self, start: float, until: Optional[float]) -> None:
+        """SGLang's scheduler loop in virtual time. Without overlap (``event_loop_normal``) a
+        batch is selected, its forward's time passes, its results are processed. With overlap
+        (``event_loop_overlap``, a server's default) each iteration selects and launches a batch,
+        then processes the results of the one launched before it. On a GPU the launch returns at
+        once, so the next selection runs while the new forward does; on a CPU
+        (``synchronous_forward``) the launch returns when the forward is done, and the results of
+        the batch before it go out one forward late."""
+        overlap = engine.begin_loop(self.s)
+        synchronous = self.latency.synchronous_forward
+        in_flight: Optional[_Launched] = None
         idle_with_work = 0.0
         while until is None or self.clock() < until:
             now = self.clock()
@@ -210,9 +222,9 @@ class ClosedLoopDriver:
             while self._events and self._events[0][0] <= now:
                 at, _, index = heapq.heappop(self._events)
                 self._send(self._states[index], at)
-            batch, finish = engine.step(self.s)
-            if batch is None:
-                finish()
+            batch = engine.select(self.s)
+            if batch is None and in_flight is None:
+                engine.end_iteration(self.s, None, None, idle=True)
                 if engine.is_idle(self.s) and not self._inflight:
                     if not self._events:
                         break
@@ -221,9 +233,9 @@ class ClosedLoopDriver:
                     # An idle server's loop keeps spinning, so the plugin's step clock is current
                     # when the request arrives; without this iteration the arrival would be stamped
                     # with the last busy step's time and every tool time measured as ~one step.
-                    batch, finish = engine.step(self.s)
+                    batch = engine.select(self.s)
                     assert batch is None, "an idle scheduler selected a batch"
-                    finish()
+                    engine.end_iteration(self.s, None, None, idle=True)
                     idle_with_work = 0.0
                     continue
                 # work is queued but nothing ran (e.g. waiting for memory a pin releases on expiry)
@@ -238,34 +250,82 @@ class ClosedLoopDriver:
                     )
                 continue
             idle_with_work = 0.0
-            shape = engine.describe_batch(batch)
-            if shape.is_prefill:
-                dt = self.latency.prefill_seconds(shape.extends)
-                if self.host is not None:
-                    # loads queued since the last prefill (this batch's load back, a predictive
-                    # reload): this batch waits on their layer events before reading that KV
-                    load_s = self.latency.host_load_seconds(self.host.take_unbilled())
-                    dt += load_s
-                    self.host_load_s += load_s
-                self.steps["prefill"] += 1
-                for req in batch.reqs:
-                    entry = self._inflight.get(req.rid)
-                    if entry is not None and entry[1].queue_time_s is None:
-                        entry[1].queue_time_s = now - entry[1].send
-            else:
-                dt = self.latency.decode_seconds(shape.batch_size, shape.context_tokens)
-                self.steps["decode"] += 1
-            self.clock.advance(dt)  # the forward's time passes, then its results are processed
-            finish()
-            self.busy_s += dt
-            if shape.is_prefill:
-                self.prefill_s += dt
-            done = self.clock()
+            launched = None
+            if batch is not None:
+                if in_flight is not None and engine.processes_before_launch(self.s, batch):
+                    self._complete(in_flight)
+                    in_flight = None
+                launched = self._launch(batch, now, after=in_flight.end if in_flight is not None else now)
+                if overlap and synchronous:
+                    self._run_forward(launched)
+            if in_flight is not None:
+                self._complete(in_flight)
+            if not overlap and launched is not None:
+                self._complete(launched)
+                launched = None
+            engine.end_iteration(self.s, batch, launched.result if launched else None, idle=False)
+            in_flight = launched
+
+    def _launch(self, batch, now: float, after: float) -> "_Launched":
+        """Launch ``batch`` (selected at ``now``); its forward starts once the one in flight
+        ends (``after``) and takes the profile's time for its shape."""
+        shape = engine.describe_batch(batch)
+        if shape.is_prefill:
+            dt = self.latency.prefill_seconds(shape.extends)
+            if self.host is not None:
+                # loads queued since the last prefill (this batch's load back, a predictive
+                # reload): this batch waits on their layer events before reading that KV
+                load_s = self.latency.host_load_seconds(self.host.take_unbilled())
+                dt += load_s
+                self.host_load_s += load_s
+            self.steps["prefill"] += 1
             for req in batch.reqs:
                 entry = self._inflight.get(req.rid)
-                if entry is None:
-                    continue
-                if entry[1].first_token is None and len(req.output_ids) > 0:
-                    entry[1].first_token = done
-                if req.finished():
-                    self._finished(req.rid, done)
+                if entry is not None and entry[1].queue_time_s is None:
+                    entry[1].queue_time_s = now - entry[1].send
+            self.prefill_s += dt
+        else:
+            dt = self.latency.decode_seconds(shape.batch_size, shape.context_tokens)
+            self.steps["decode"] += 1
+        self.busy_s += dt
+        batch_copy, result = engine.launch(self.s, batch)
+        return _Launched(batch_copy, result, max(now, after), dt)
+
+    def _run_forward(self, launched: "_Launched") -> None:
+        """The forward's time passes."""
+        if launched.start > self.clock():  # it waited for the forward before it
+            self.clock.advance(launched.start - self.clock())
+        self.clock.advance(launched.seconds)
+        launched.ran = True
+
+    def _complete(self, launched: "_Launched") -> None:
+        """Its forward's time passes (if it has not), then its results are processed."""
+        if not launched.ran:
+            self._run_forward(launched)
+        engine.process(self.s, (launched.batch, launched.result))
+        done = self.clock()
+        for req in launched.batch.reqs:
+            entry = self._inflight.get(req.rid)
+            if entry is None:
+                continue
+            if entry[1].first_token is None and len(req.output_ids) > 0:
+                entry[1].first_token = done
+            if req.finished():
+                self._finished(req.rid, done)
+
+
+class _Launched:
+    """A batch whose forward was launched and whose results are not processed yet."""
+
+    __slots__ = ("batch", "result", "start", "seconds", "ran")
+
+    def __init__(self, batch, result, start: float, seconds: float) -> None:
+        self.batch = batch
+        self.result = result
+        self.start = start  # virtual time its forward starts: when the one before it ends
+        self.seconds = seconds
+        self.ran = False  # its forward's time has passed on the clock
+
+    @property
+    def end(self) -> float:
+        return self.start + self.seconds

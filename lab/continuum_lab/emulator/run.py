@@ -166,6 +166,8 @@ def emulate(
             "profile": latency.name,
             "profile_path": str(profile_path),
             "server_argv": argv,
+            "overlap": bool(scheduler.enable_overlap),  # SGLang's overlap scheduling (a server's default)
+            "synchronous_forward": latency.synchronous_forward,
             "steps": driver.steps,
             "busy_s": driver.busy_s,
             "host_transfers": None

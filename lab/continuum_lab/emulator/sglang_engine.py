@@ -61,7 +61,8 @@ def write_accounting_model(directory: Path) -> Path:
 def server_args_for(
     model_dir: Path, max_total_tokens: int, policy_flags: Sequence[str], extra_flags: Sequence[str] = ()
 ):
-    """``ServerArgs`` from the same command-line flags a real server of this policy gets."""
+    """``ServerArgs`` from the same command-line flags a real server of this policy gets (overlap
+    scheduling on, as in a server, unless they say ``--disable-overlap-schedule``)."""
     import argparse
 
     from sglang.srt.plugins import load_plugins
@@ -83,7 +84,6 @@ def server_args_for(
         str(max_total_tokens),
         "--context-length",
         str(min(ACCOUNTING_MAX_POSITIONS, max_total_tokens)),
-        "--disable-overlap-schedule",  # one batch in flight: the step order the clock models
         "--enable-cache-report",
         "--enable-metrics",
         "--skip-server-warmup",
@@ -207,7 +207,9 @@ def describe_batch(batch) -> BatchShape:
     if mode.is_extend():
         return BatchShape(True, tuple(zip(batch.extend_lens, batch.prefix_lens)), len(batch.reqs))
     if mode.is_decode():
-        return BatchShape(False, (), len(batch.reqs), sum(r.seqlen for r in batch.reqs))
+        # the batch's own lengths: with overlap a request's last token is still in flight when
+        # the next decode is built, so ``Req.seqlen`` lags the KV that forward reads by one
+        return BatchShape(False, (), len(batch.reqs), int(batch.seq_lens_cpu.sum()))
     raise NotImplementedError(f"the emulator models extend and decode batches, not {mode}")
 
 
@@ -229,23 +231,63 @@ def submit(
     return req
 
 
-def step(scheduler):
-    """Select the next batch; return it (or None when idle) and a function that finishes it."""
+def begin_loop(scheduler) -> bool:
+    """What ``event_loop_overlap`` sets up before its first iteration (its queue of launched
+    batches, skipping the decode of requests whose in-flight result finishes them); returns
+    whether the scheduler overlaps."""
+    if not scheduler.enable_overlap:
+        return False
+    if getattr(scheduler, "result_queue", None) is None:
+        from collections import deque
+
+        scheduler.result_queue = deque()
+    scheduler.enable_skip_finishing_decode = True
+    return True
+
+
+def select(scheduler):
+    """``get_next_batch_to_run``: the batch to launch next (None: nothing to run)."""
+    return select_batch(scheduler)
+
+
+def launch(scheduler, batch):
+    """``run_batch``; returns what ``process`` needs once the forward is done: with overlap,
+    a copy of the batch as SGLang queues it (the running batch changes under the next selection)."""
+    result = scheduler.run_batch(batch)
+    if not scheduler.enable_overlap:
+        return batch, result
+    scheduler.result_queue.append((batch.copy(), result))
+    return scheduler.result_queue[-1]
+
+
+def process(scheduler, launched) -> None:
+    """``process_batch_result`` of a launched batch (with overlap, the oldest in flight)."""
+    if scheduler.enable_overlap:
+        queued = scheduler.result_queue.popleft()
+        assert queued[0] is launched[0], "results processed out of launch order"
+    scheduler.process_batch_result(*launched)
+
+
+def processes_before_launch(scheduler, batch) -> bool:
+    """SGLang processes the last batch's results before launching this one (two prefills in a
+    row with ``SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP``; grammar syncs)."""
+    return bool(scheduler.is_disable_overlap_for_batch(batch, last_batch=scheduler.last_batch))
+
+
+def end_iteration(scheduler, batch, result, *, idle: bool) -> None:
+    """The tail of an ``event_loop_overlap`` / ``event_loop_normal`` iteration: idle hooks
+    (SGLang's self-check, Continuum's ``on_idle``) when nothing ran or is in flight, a delayed
+    sample, ``last_batch``, the strict per-step pool check when its switch is set."""
     from sglang.srt.environ import envs
 
-    batch = select_batch(scheduler)
-
-    def finish() -> None:  # as ``event_loop_normal``: run the batch, or idle (SGLang's self-check, our on_idle)
-        if batch is not None:
-            scheduler.process_batch_result(batch, scheduler.run_batch(batch))
-        else:
-            scheduler._sched_idled = True
-            scheduler.on_idle()
-        scheduler.last_batch = batch
-        if envs.SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY.get():  # SGLang's per-step pool check (tests)
-            scheduler.invariant_checker.self_check_during_busy()
-
-    return batch, finish
+    if idle:
+        scheduler._sched_idled = True
+        scheduler.on_idle()
+    if batch is not None and result is not None and scheduler.enable_overlap:
+        scheduler.launch_batch_sample_if_needed(result, batch)
+    scheduler.last_batch = batch
+    if envs.SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY.get():
+        scheduler.invariant_checker.self_check_during_busy()
 
 
 def abort_message(req) -> str | None:

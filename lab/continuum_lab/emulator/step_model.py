@@ -17,6 +17,11 @@ A profile JSON (``configs/profiles/``) holds two fits on measured points:
 GPU's KV pool when no ``--max-total-tokens`` is given, as SGLang would with
 ``--mem-fraction-static``.
 
+``synchronous_forward``: the profiled device runs a forward inside SGLang's ``run_batch`` (on CPU
+the streams are no-ops), so with overlap scheduling the next batch is selected only once it
+returns; on a GPU (the default, false) ``run_batch`` only queues the kernels and the next
+selection runs while they do.
+
 HiCache (``host_bytes_per_s``, with ``kv_bytes_per_token``): loading ``n`` tokens back from host
 takes ``n * kv_bytes_per_token / host_bytes_per_s`` seconds, charged to the batch that waits for
 them (see ``host_load_seconds``).
@@ -40,6 +45,7 @@ class StepLatencyModel:
     weights_bytes: Optional[float] = None
     gpu_memory_bytes: Optional[float] = None
     host_bytes_per_s: Optional[float] = None  # host-to-device bandwidth (HiCache load back)
+    synchronous_forward: bool = False  # a CPU: run_batch returns when the forward is done
     notes: str = ""
 
     def __post_init__(self) -> None:
@@ -66,6 +72,7 @@ class StepLatencyModel:
             weights_bytes=data.get("weights_bytes"),
             gpu_memory_bytes=data.get("gpu_memory_bytes"),
             host_bytes_per_s=data.get("host_bytes_per_s"),
+            synchronous_forward=bool(data.get("synchronous_forward", False)),
             notes=data.get("notes", ""),
         )
 
