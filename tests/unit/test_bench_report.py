@@ -47,6 +47,7 @@ def run(policy, seed, jct, hit=0.5, wait=1.0, p99=2.0, repeat=0):
         "jct_p95_s": 2 * jct,
         "cache_hit_ratio": hit,
         "max_request_wait_s": wait,
+        "max_program_wait_s": 3 * wait,
         "p99_request_latency_s": p99,
     }
     return {"policy": policy, "jps": 1.0, "seed": seed, "repeat": repeat, "summary": summary}
@@ -88,6 +89,7 @@ def test_across_seeds_median_iqr_worst_ratios_and_collapse():
     assert c["best_stock"] == "lpm" and c["ratio_vs_best_stock_median"] == 10 / 5.5
     assert c["collapsed_runs"] == 1 and c["cache_hit_median"] == 0.85
     assert c["max_request_wait_worst_s"] == 40 and c["p99_request_latency_worst_s"] == 45
+    assert c["max_program_wait_worst_s"] == 120
     assert rows["lpm"]["ratio_vs_fcfs_per_run"] == [10 / 9, 12 / 11, 1.0, 20 / 18, 1.1]
     assert rows["lpm"]["ratio_vs_fcfs_median"] == 1.1
     assert rows["lpm"]["best_stock"] is None and rows["lpm"]["ratio_vs_best_stock_median"] is None  # stock itself
@@ -97,7 +99,7 @@ def test_across_seeds_median_iqr_worst_ratios_and_collapse():
     assert "worst run 30.00 s vs fcfs's median 11.00 s; collapsed runs: 1." in text
     table = seeds_table(list(rows.values()))
     assert (
-        "| continuum | 1 | 5 | 5.50 | 5.00-6.00 | 30.00 | 11.00 | 2.00x | 1.82x (lpm) | 40.00 | 45.00 | 85.0% | 1 |"
+        "| continuum | 1 | 5 | 5.50 | 5.00-6.00 | 30.00 | 11.00 | 2.00x | 1.82x (lpm) | 40.00 | 120.00 | 45.00 | 85.0% | 1 |"
         in table
     )
     assert "| lpm | 1 | 5 | 10.00 | 9.00-11.00 | 18.00 | 20.00 | 1.10x | - |" in table
@@ -238,3 +240,24 @@ def test_validation_flags_each_policy_outside_fifteen_percent():
     assert not result["all_within_tolerance"] and by["fcfs"]["emulated"]["median_forward_s"] == 16.0
     assert result["ranking_real"] == result["ranking_emulated"] == ["continuum", "fcfs"]
     assert "outside: continuum" in markdown(result, "real.json", "emu.json")
+
+
+def test_a_programs_wait_is_the_sum_of_its_turns_waits_and_the_longest_is_reported():
+    # the door's single long wait against a stock policy's many short ones: what a program feels
+    # is the sum, so the report gives both the longest request wait and the longest program wait
+    from continuum_lab.bench.replay import ProgramRecord, ReplayResult, TurnRecord
+    from continuum_lab.bench.report import summarize
+
+    def turn(pid, i, send, queue, ttft=None):
+        first = send + (ttft if ttft is not None else queue + 0.1)
+        return TurnRecord(pid, i, send=send, first_token=first, finish=first + 0.1, prompt_tokens=10,
+                          queue_time_s=None if ttft is not None else queue)  # fmt: skip
+
+    held = ProgramRecord("held", 0.0, start=0.0, end=9.0, turns=[turn("held", 0, 0.0, 5.0), turn("held", 1, 6.0, 0.5)])
+    spread = ProgramRecord(
+        "spread", 0.0, start=0.0, end=20.0, turns=[turn("spread", i, 4.0 * i, 2.0) for i in range(4)]
+    )
+    no_queue_time = ProgramRecord("ttft", 0.0, start=0.0, end=2.0, turns=[turn("ttft", 0, 0.0, 0, ttft=1.5)])
+    s = summarize(ReplayResult([held, spread, no_queue_time], 30.0))
+    assert s["max_request_wait_s"] == 5.0
+    assert s["max_program_wait_s"] == 8.0  # 4 turns x 2 s, longer than the held program's 5.5 s

@@ -57,12 +57,20 @@ def server_time(metrics_before: str, metrics_after: str) -> dict:
     return {"server_forward_s": forward, "server_loop_s": sum(spent.values()) - forward - idle, "server_idle_s": idle}
 
 
+def _wait(turn) -> float:
+    """How long a turn waited in the server's queue (SGLang's queue_time, else its TTFT)."""
+    return turn.queue_time_s if turn.queue_time_s is not None else turn.ttft
+
+
 def summarize(result: ReplayResult) -> dict:
     progs = result.programs
     jcts = np.array([p.jct for p in progs if p.ok], dtype=float)
     turns = [t for p in progs for t in p.turns]
     ok_turns = [t for t in turns if t.error is None]
-    waits = [t.queue_time_s if t.queue_time_s is not None else t.ttft for t in ok_turns if t.ttft is not None]
+    waits = [_wait(t) for t in ok_turns if t.ttft is not None]
+    # a program's waits summed over its turns: a door concentrates them in one request, a
+    # stock policy spreads them over every turn, and a program feels the sum
+    program_waits = [sum(_wait(t) for t in p.turns if t.ttft is not None) for p in progs if p.ok]
     prompt = sum(t.prompt_tokens for t in ok_turns)
     cached = sum(t.cached_tokens for t in ok_turns)
     later = [t for t in ok_turns if t.turn > 0]  # turns that could find their program's context
@@ -85,6 +93,7 @@ def summarize(result: ReplayResult) -> dict:
         "tokens_per_s": (prompt + out_tokens) / result.wall_s if result.wall_s else 0.0,
         "mean_turn_wait_s": float(np.mean(waits)) if waits else float("nan"),
         "max_request_wait_s": float(np.max(waits)) if waits else float("nan"),
+        "max_program_wait_s": float(np.max(program_waits)) if program_waits else float("nan"),
         "p99_request_latency_s": float(np.percentile([t.finish - t.send for t in ok_turns if t.finish is not None], 99))
         if ok_turns
         else float("nan"),
@@ -129,6 +138,7 @@ COLUMNS = [
     ("tokens_per_s", "tokens/s", "{:.0f}"),
     ("mean_turn_wait_s", "turn queue s", "{:.3f}"),
     ("max_request_wait_s", "max wait s", "{:.2f}"),
+    ("max_program_wait_s", "longest program wait s", "{:.2f}"),
     ("p99_request_latency_s", "P99 request s", "{:.2f}"),
     ("cache_hit_ratio", "cache hit", "{:.1%}"),
     ("pin_hits", "pin hits", "{:.0f}"),

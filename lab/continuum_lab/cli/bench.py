@@ -363,7 +363,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         "Median/IQR/worst over the per-run mean JCTs; P95: median of the per-run P95 JCTs; vs fcfs: median over "
         "seeds of fcfs's mean JCT / the policy's on the same seed (>1: faster); vs best stock: the same against "
         "the stock SGLang policy other than fcfs with the lowest median (continuum policies only); max wait: the "
-        "longest a single turn waited in the server queue (queue_time, else TTFT); P99 request: per-run P99 turn "
+        "longest a single turn waited in the server queue (queue_time, else TTFT); program wait: the most one "
+        "program waited, its turns' waits summed; P99 request: per-run P99 turn "
         "latency; collapsed: runs whose cache-hit ratio fell below half the policy's median (the re-prefill spiral).",
         "",
         "## Every run",
