@@ -23,6 +23,7 @@ import numpy as np
 from continuum_lab.bench.replay import IDENTITIES, ProgramRecord, ReplayResult, TurnRecord, arrival_times, program_seed
 from continuum_lab.emulator import sglang_engine as engine
 from continuum_lab.emulator.step_model import StepLatencyModel
+from continuum_lab.harness import inprocess as loop  # SGLang's scheduler loop, step by step
 from continuum_lab.workloads.schema import Program
 from sglang_continuum.client import continuum_custom_params
 from sglang_continuum.core.clock import ManualClock
@@ -183,8 +184,8 @@ class ClosedLoopDriver:
         if self._inflight:
             raise SchedulerWedged(f"{len(self._inflight)} requests never finished")
         # one idle iteration after the last turn, as a server has (metrics, self-check)
-        assert engine.select(self.s) is None, "an idle scheduler selected a batch"
-        engine.end_iteration(self.s, None, None, idle=True)
+        assert loop.select_batch(self.s) is None, "an idle scheduler selected a batch"
+        loop.end_iteration(self.s, None, None, idle=True)
         return ReplayResult([p.record for p in self._states], self.clock() - start)
 
     def run_sessions(
@@ -208,7 +209,7 @@ class ClosedLoopDriver:
         once, so the next selection runs while the new forward does; on a CPU
         (``synchronous_forward``) the launch returns when the forward is done, and the results of
         the batch before it go out one forward late."""
-        overlap = engine.begin_loop(self.s)
+        overlap = loop.begin_loop(self.s)
         synchronous = self.latency.synchronous_forward
         in_flight: Optional[_Launched] = None
         idle_with_work = 0.0
@@ -222,9 +223,9 @@ class ClosedLoopDriver:
             while self._events and self._events[0][0] <= now:
                 at, _, index = heapq.heappop(self._events)
                 self._send(self._states[index], at)
-            batch = engine.select(self.s)
+            batch = loop.select_batch(self.s)
             if batch is None and in_flight is None:
-                engine.end_iteration(self.s, None, None, idle=True)
+                loop.end_iteration(self.s, None, None, idle=True)
                 if engine.is_idle(self.s) and not self._inflight:
                     if not self._events:
                         break
@@ -233,9 +234,9 @@ class ClosedLoopDriver:
                     # An idle server's loop keeps spinning, so the plugin's step clock is current
                     # when the request arrives; without this iteration the arrival would be stamped
                     # with the last busy step's time and every tool time measured as ~one step.
-                    batch = engine.select(self.s)
+                    batch = loop.select_batch(self.s)
                     assert batch is None, "an idle scheduler selected a batch"
-                    engine.end_iteration(self.s, None, None, idle=True)
+                    loop.end_iteration(self.s, None, None, idle=True)
                     idle_with_work = 0.0
                     continue
                 # work is queued but nothing ran (e.g. waiting for memory a pin releases on expiry)
@@ -252,7 +253,7 @@ class ClosedLoopDriver:
             idle_with_work = 0.0
             launched = None
             if batch is not None:
-                if in_flight is not None and engine.processes_before_launch(self.s, batch):
+                if in_flight is not None and loop.processes_before_launch(self.s, batch):
                     self._complete(in_flight)
                     in_flight = None
                 launched = self._launch(batch, now, after=in_flight.end if in_flight is not None else now)
@@ -263,7 +264,7 @@ class ClosedLoopDriver:
             if not overlap and launched is not None:
                 self._complete(launched)
                 launched = None
-            engine.end_iteration(self.s, batch, launched.result if launched else None, idle=False)
+            loop.end_iteration(self.s, batch, (launched.batch, launched.result) if launched else None, idle=False)
             in_flight = launched
 
     def _launch(self, batch, now: float, after: float) -> "_Launched":
@@ -288,7 +289,7 @@ class ClosedLoopDriver:
             dt = self.latency.decode_seconds(shape.batch_size, shape.context_tokens)
             self.steps["decode"] += 1
         self.busy_s += dt
-        batch_copy, result = engine.launch(self.s, batch)
+        batch_copy, result = loop.launch(self.s, batch)
         return _Launched(batch_copy, result, max(now, after), dt)
 
     def _run_forward(self, launched: "_Launched") -> None:
@@ -302,7 +303,7 @@ class ClosedLoopDriver:
         """Its forward's time passes (if it has not), then its results are processed."""
         if not launched.ran:
             self._run_forward(launched)
-        engine.process(self.s, (launched.batch, launched.result))
+        loop.process(self.s, (launched.batch, launched.result))
         done = self.clock()
         for req in launched.batch.reqs:
             entry = self._inflight.get(req.rid)

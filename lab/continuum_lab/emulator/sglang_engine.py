@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from continuum_lab.harness.inprocess import construct_scheduler, select_batch, submit_request
+from continuum_lab.harness.inprocess import construct_scheduler, submit_request
 
 OUTPUT_TOKEN = 7  # every emulated output token (never EOS: the accounting model's EOS is 2)
 ACCOUNTING_VOCAB = 1024
@@ -229,65 +229,6 @@ def submit(
     if req is None:
         raise RuntimeError(f"request {rid} was not queued (rejected by the scheduler?)")
     return req
-
-
-def begin_loop(scheduler) -> bool:
-    """What ``event_loop_overlap`` sets up before its first iteration (its queue of launched
-    batches, skipping the decode of requests whose in-flight result finishes them); returns
-    whether the scheduler overlaps."""
-    if not scheduler.enable_overlap:
-        return False
-    if getattr(scheduler, "result_queue", None) is None:
-        from collections import deque
-
-        scheduler.result_queue = deque()
-    scheduler.enable_skip_finishing_decode = True
-    return True
-
-
-def select(scheduler):
-    """``get_next_batch_to_run``: the batch to launch next (None: nothing to run)."""
-    return select_batch(scheduler)
-
-
-def launch(scheduler, batch):
-    """``run_batch``; returns what ``process`` needs once the forward is done: with overlap,
-    a copy of the batch as SGLang queues it (the running batch changes under the next selection)."""
-    result = scheduler.run_batch(batch)
-    if not scheduler.enable_overlap:
-        return batch, result
-    scheduler.result_queue.append((batch.copy(), result))
-    return scheduler.result_queue[-1]
-
-
-def process(scheduler, launched) -> None:
-    """``process_batch_result`` of a launched batch (with overlap, the oldest in flight)."""
-    if scheduler.enable_overlap:
-        queued = scheduler.result_queue.popleft()
-        assert queued[0] is launched[0], "results processed out of launch order"
-    scheduler.process_batch_result(*launched)
-
-
-def processes_before_launch(scheduler, batch) -> bool:
-    """SGLang processes the last batch's results before launching this one (two prefills in a
-    row with ``SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP``; grammar syncs)."""
-    return bool(scheduler.is_disable_overlap_for_batch(batch, last_batch=scheduler.last_batch))
-
-
-def end_iteration(scheduler, batch, result, *, idle: bool) -> None:
-    """The tail of an ``event_loop_overlap`` / ``event_loop_normal`` iteration: idle hooks
-    (SGLang's self-check, Continuum's ``on_idle``) when nothing ran or is in flight, a delayed
-    sample, ``last_batch``, the strict per-step pool check when its switch is set."""
-    from sglang.srt.environ import envs
-
-    if idle:
-        scheduler._sched_idled = True
-        scheduler.on_idle()
-    if batch is not None and result is not None and scheduler.enable_overlap:
-        scheduler.launch_batch_sample_if_needed(result, batch)
-    scheduler.last_batch = batch
-    if envs.SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY.get():
-        scheduler.invariant_checker.self_check_during_busy()
 
 
 def abort_message(req) -> str | None:

@@ -1,8 +1,10 @@
 """SGLang's real ``Scheduler`` built and stepped in this process (tier-2 tests, the emulator).
 
 Builds the scheduler exactly as ``run_scheduler_process`` does (plugins loaded, server args
-resolved and published), then drives its loop by hand: ``get_next_batch_to_run`` ->
-``run_batch`` -> ``process_batch_result``. Requests enter through ``handle_generate_request``
+resolved and published), then drives its loop by hand, in the order of SGLang's own loops:
+``event_loop_normal`` (``get_next_batch_to_run`` -> ``run_batch`` -> ``process_batch_result``) or,
+with overlap scheduling (a server's default), ``event_loop_overlap`` (select and launch the next
+batch, then process the results of the one launched before it). Requests enter through ``handle_generate_request``
 with a ``TokenizedGenerateReqInput``, as they would from the tokenizer manager. Outputs go to the
 scheduler's own (unconnected) detokenizer socket and are read off the ``Req`` objects instead.
 """
@@ -32,7 +34,11 @@ def construct_scheduler(server_args):
     return Scheduler(server_args, port_args)
 
 
-def build_scheduler(model_path: str, *, schedule_policy: str = "continuum", max_total_tokens: int = 2048, **kw):
+def build_scheduler(
+    model_path: str, *, schedule_policy: str = "continuum", max_total_tokens: int = 2048, overlap: bool = False, **kw
+):
+    """``overlap``: SGLang's overlap scheduling, as a server runs by default (the tests step the
+    serial loop unless they ask for it)."""
     from sglang.srt.plugins import load_plugins
 
     load_plugins()  # before ServerArgs: the plugin adds its schedule policy
@@ -45,7 +51,7 @@ def build_scheduler(model_path: str, *, schedule_policy: str = "continuum", max_
         max_total_tokens=max_total_tokens,
         schedule_policy=schedule_policy,
         skip_server_warmup=True,
-        disable_overlap_schedule=True,
+        disable_overlap_schedule=not overlap,
         enable_cache_report=True,
         log_level="warning",
         **kw,
@@ -102,9 +108,66 @@ def select_batch(scheduler):
     return plan.batch_to_run
 
 
+def begin_loop(scheduler) -> bool:
+    """What ``event_loop_overlap`` sets up before its first iteration (its queue of launched
+    batches, skipping the decode of requests whose in-flight result finishes them); returns
+    whether the scheduler overlaps."""
+    if not scheduler.enable_overlap:
+        return False
+    if getattr(scheduler, "result_queue", None) is None:
+        from collections import deque
+
+        scheduler.result_queue = deque()
+    scheduler.enable_skip_finishing_decode = True
+    return True
+
+
+def launch(scheduler, batch):
+    """``run_batch``; returns what ``process`` needs once the forward is done: with overlap,
+    a copy of the batch as SGLang queues it (the running batch changes under the next selection)."""
+    result = scheduler.run_batch(batch)
+    if not scheduler.enable_overlap:
+        return batch, result
+    scheduler.result_queue.append((batch.copy(), result))
+    return scheduler.result_queue[-1]
+
+
+def process(scheduler, launched) -> None:
+    """``process_batch_result`` of a launched batch (with overlap, the oldest in flight)."""
+    if scheduler.enable_overlap:
+        queued = scheduler.result_queue.popleft()
+        assert queued[0] is launched[0], "results processed out of launch order"
+    scheduler.process_batch_result(*launched)
+
+
+def processes_before_launch(scheduler, batch) -> bool:
+    """SGLang processes the last batch's results before launching this one (two prefills in a
+    row with ``SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP``; grammar syncs)."""
+    return bool(scheduler.is_disable_overlap_for_batch(batch, last_batch=scheduler.last_batch))
+
+
+def end_iteration(scheduler, batch, launched, *, idle: bool) -> None:
+    """The tail of an ``event_loop_overlap`` / ``event_loop_normal`` iteration: idle hooks
+    (SGLang's self-check, Continuum's ``on_idle``) when nothing ran or is in flight, a delayed
+    sample of the batch just launched, ``last_batch``, the strict per-step pool check when its
+    switch is set."""
+    from sglang.srt.environ import envs
+
+    if idle:
+        scheduler._sched_idled = True
+        scheduler.on_idle()
+    if launched is not None and scheduler.enable_overlap:
+        scheduler.launch_batch_sample_if_needed(launched[1], batch)
+    scheduler.last_batch = batch
+    if envs.SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY.get():
+        scheduler.invariant_checker.self_check_during_busy()
+
+
 class SchedulerDriver:
     def __init__(self, scheduler) -> None:
         self.s = scheduler
+        self.overlap = begin_loop(scheduler)
+        self.in_flight = None  # with overlap: the batch launched last, its results not processed yet
         self.reqs: dict[str, object] = {}
         self.admitted: list[str] = []  # rids in the order prefill batches took them
 
@@ -133,30 +196,34 @@ class SchedulerDriver:
         return rid
 
     def step(self) -> bool:
-        """One iteration of ``event_loop_normal``: run the next batch, or idle (SGLang's idle
-        checks and sleep, Continuum's idle hooks); then SGLang's per-step pool check when
-        ``SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY`` is set."""
-        from sglang.srt.environ import envs
-
+        """One iteration of SGLang's loop (``event_loop_overlap`` when the scheduler overlaps,
+        else ``event_loop_normal``): select a batch and run it, or idle (SGLang's idle checks,
+        Continuum's idle hooks); with overlap the batch launched before this one is processed
+        after the launch. Then SGLang's per-step pool check when
+        ``SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY`` is set. True: a batch was launched."""
         s = self.s
         batch = select_batch(s)
+        launched = None
         if batch is not None:
+            if self.in_flight is not None and processes_before_launch(s, batch):
+                process(s, self.in_flight)
+                self.in_flight = None
             if batch.forward_mode.is_extend():
                 self.admitted.extend(r.rid for r in batch.reqs if r.rid not in self.admitted)
-            result = s.run_batch(batch)
-            s.process_batch_result(batch, result)
-        else:
-            s._sched_idled = True
-            s.on_idle()
-        s.last_batch = batch
-        if envs.SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY.get():
-            s.invariant_checker.self_check_during_busy()
+            launched = launch(s, batch)
+        idle = batch is None and self.in_flight is None
+        if self.in_flight is not None:
+            process(s, self.in_flight)
+        if launched is not None and not self.overlap:
+            process(s, launched)
+        end_iteration(s, batch, launched, idle=idle)
+        self.in_flight = launched if self.overlap else None
         return batch is not None
 
     def run_until_idle(self, max_steps: int = 10_000) -> None:
         for _ in range(max_steps):
             busy = self.step()
-            if not busy and not self.s.waiting_queue and self.s.running_batch.is_empty():
+            if not busy and self.in_flight is None and not self.s.waiting_queue and self.s.running_batch.is_empty():
                 return
         raise TimeoutError("scheduler did not go idle")
 
