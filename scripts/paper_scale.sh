@@ -5,6 +5,8 @@
 #
 #   bash scripts/paper_scale.sh [OUT]     (default docs/results/paper-scale; ~2.5 hours on 2 cores)
 #   EXTRA=1 bash scripts/paper_scale.sh   also BFCL and turn repeats 3-5 (not in the committed report)
+# The committed reports ran the emulator's serial loop; today it runs SGLang's overlap loop, as a
+# server does (lab/continuum_lab/emulator/README.md), so a re-run gives the overlap figures.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh >/dev/null
