@@ -192,13 +192,10 @@ OPS = st.lists(
 )
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(script=OPS)
-def test_every_path_out_keeps_the_plugin_in_step_with_sglang(driver, script):
-    """Random arrivals (some past the queue limit), steps, aborts of waiting and running requests
-    and forced retractions: after every operation the plugin's live requests are SGLang's and
-    each program's turns in flight are its live ones; once idle, nothing is in flight and every
-    request that was taken in finished."""
+def run_script(driver, script) -> None:
+    """Play ``script`` (``OPS``) on ``driver``: after every operation the plugin's live requests
+    are SGLang's and each program's turns in flight are its live ones; once idle, nothing is in
+    flight and every request that was taken in finished."""
     from sglang.srt.managers.io_struct import AbortReq
 
     s = driver.s
@@ -224,3 +221,11 @@ def test_every_path_out_keeps_the_plugin_in_step_with_sglang(driver, script):
     for rid in submitted:  # taken in and not aborted: finished (the engine dropped nothing)
         req = driver.reqs.get(rid)
         assert req is None or rid in aborted or req.finished(), rid
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(script=OPS)
+def test_every_path_out_keeps_the_plugin_in_step_with_sglang(driver, script):
+    """Random arrivals (some past the queue limit), steps, aborts of waiting and running requests
+    and forced retractions, on SGLang's serial loop (``run_script``)."""
+    run_script(driver, script)

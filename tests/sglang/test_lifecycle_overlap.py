@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from continuum_lab.harness.inprocess import SchedulerDriver, build_scheduler, release_parallel_runtime
-from tests.sglang.test_lifecycle import OPS, POOL, QUEUE_LIMIT, check, drain, live, meta, retraction, tokens
+from tests.sglang.test_lifecycle import OPS, POOL, QUEUE_LIMIT, drain, meta, run_script, tokens
 from tests.support import fixed_ttl_env
 
 pytestmark = pytest.mark.sglang
@@ -43,29 +43,5 @@ def test_the_driver_runs_sglangs_overlap_loop(driver):
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(script=OPS)
 def test_every_path_out_keeps_the_plugin_in_step_with_sglang_under_overlap(driver, script):
-    """As ``test_every_path_out_keeps_the_plugin_in_step_with_sglang``, on the overlap loop."""
-    from sglang.srt.managers.io_struct import AbortReq
-
-    s = driver.s
-    rng = random.Random(len(script))
-    submitted, aborted = [], set()
-    for op, a, b in script:
-        if op == "submit":
-            params = None if a == 5 else meta(f"prop-{a}")  # 5: a request with no program id
-            submitted.append(driver.submit(tokens(rng, b), max_new_tokens=rng.randrange(2, 30), custom_params=params))
-        elif op == "step":
-            for _ in range(a):
-                driver.step()
-        elif op == "abort":
-            alive = sorted(live(s))
-            if alive:
-                aborted.add(alive[a % len(alive)])
-                s.abort_request(AbortReq(rid=alive[a % len(alive)]))
-        elif op == "retract" and len(s.running_batch.reqs) >= 2:
-            with retraction():
-                driver.step()
-        check(driver)
-    drain(driver)
-    for rid in submitted:  # taken in and not aborted: finished (the engine dropped nothing)
-        req = driver.reqs.get(rid)
-        assert req is None or rid in aborted or req.finished(), rid
+    """The serial test's script (``run_script``) on the overlap loop."""
+    run_script(driver, script)
