@@ -13,7 +13,8 @@ The emulator runs SGLang 0.5.23's real ``Scheduler`` in this process: its waitin
   nothing and returns one sampled token per request (:data:`OUTPUT_TOKEN`). What the step would
   have cost on the profiled GPU is read off the batch by :func:`describe_batch`.
 
-Building, submitting and selecting batches are the in-process harness the tier-2 tests use
+Building, submitting and the scheduler loop's steps (select, launch, process, in the order of
+SGLang's overlap or serial loop) are the in-process harness the tier-2 tests use
 (``harness/inprocess.py``). The serving code (``sglang_continuum.adapter``) does not know this
 module exists: it sees a scheduler, and the clock :func:`sglang_continuum.core.clock.use_clock`
 gave it.
