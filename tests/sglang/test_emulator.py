@@ -214,6 +214,7 @@ def test_bench_emulate_reports_every_policy_as_an_emulated_run(tmp_path, pressur
     ended = {p: _series(m, "sglang:continuum_programs_ended_last_step_total") for p, m in metrics.items()}
     assert ended == {"order-only": 6, "pins-only": 6}  # metrics published at the final idle step
     assert "**Emulated**" in (out / "report.md").read_text()
+    assert "scheduler on its overlap loop, as a server runs it" in (out / "report.md").read_text()
 
 
 def test_a_turn_longer_than_the_context_fails_its_program_as_a_server_would(tmp_path):

@@ -261,3 +261,12 @@ def test_a_programs_wait_is_the_sum_of_its_turns_waits_and_the_longest_is_report
     s = summarize(ReplayResult([held, spread, no_queue_time], 30.0))
     assert s["max_request_wait_s"] == 5.0
     assert s["max_program_wait_s"] == 8.0  # 4 turns x 2 s, longer than the held program's 5.5 s
+
+
+def test_an_emulated_report_names_the_scheduler_loop_its_runs_stepped():
+    from continuum_lab.bench.report import emulated_loops
+
+    overlap, serial, older = {"emulator": {"overlap": True}}, {"emulator": {"overlap": False}}, {"emulator": {}}
+    assert emulated_loops([overlap, overlap]) == "its overlap loop, as a server runs it"
+    assert emulated_loops([older]) == emulated_loops([serial]) == "its serial loop (`--disable-overlap-schedule`)"
+    assert emulated_loops([serial, overlap]).startswith("its overlap loop, as a server runs it and its serial loop")

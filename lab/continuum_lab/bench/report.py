@@ -57,6 +57,14 @@ def server_time(metrics_before: str, metrics_after: str) -> dict:
     return {"server_forward_s": forward, "server_loop_s": sum(spent.values()) - forward - idle, "server_idle_s": idle}
 
 
+def emulated_loops(runs) -> str:
+    """Which of SGLang's scheduler loops emulated runs stepped (a run from before the emulator
+    modelled overlap scheduling, read back with --reuse-runs, stepped the serial one)."""
+    overlap = {bool((r.get("emulator") or {}).get("overlap")) for r in runs}
+    names = {True: "its overlap loop, as a server runs it", False: "its serial loop (`--disable-overlap-schedule`)"}
+    return " and ".join(names[o] for o in sorted(overlap, reverse=True))
+
+
 def _wait(turn) -> float:
     """How long a turn waited in the server's queue (SGLang's queue_time, else its TTFT)."""
     return turn.queue_time_s if turn.queue_time_s is not None else turn.ttft

@@ -60,7 +60,7 @@ from continuum_lab.bench.policies import (
     tlru_config,
 )
 from continuum_lab.bench.replay import IDENTITIES, Replayer, ReplayResult
-from continuum_lab.bench.report import markdown_table, plots, summarize
+from continuum_lab.bench.report import emulated_loops, markdown_table, plots, summarize
 from continuum_lab.bench.seeds import aggregate, collapsed_flags, headline, run_order, seeds_table
 from continuum_lab.harness.fleet import ROUTER_ARGS, ROUTER_POLICIES, Fleet, fleet_summary, worker_table
 from continuum_lab.harness.server import GPU_SHIM_ENV, GPU_SHIM_FLAGS, SGLangServer, cpu_split, on_cores, tree_cores
@@ -347,9 +347,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         f"{f' x {args.repeat} repeats' if args.repeat > 1 else ''}, policies interleaved. KV pool {pool} tokens "
         f"({pool_regime(programs, pool)}). "
         + (
-            f"**Emulated** (`--emulate {args.emulate}`): SGLang 0.5.23's scheduler, radix cache and the plugin "
-            f"in virtual time, each forward timed by the profile {latency.name!r}; every time below is predicted, "
-            "not measured."
+            f"**Emulated** (`--emulate {args.emulate}`): SGLang 0.5.23's scheduler on {emulated_loops(runs)}, "
+            f"its radix cache and the plugin in virtual time, each forward timed by the profile {latency.name!r}; every time "
+            "below is predicted, not measured."
             if args.emulate
             else f"Server on cores {sorted(server_cpus) if server_cpus else 'all'} (its threads' affinity, observed: "
             f"{observed}), replay client on {sorted(client_cpus) if client_cpus else 'all'}."

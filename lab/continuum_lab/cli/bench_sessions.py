@@ -11,6 +11,7 @@ from typing import Iterable, Iterator, Optional
 from continuum_lab.bench import sessions_report
 from continuum_lab.bench.policies import parse_policy
 from continuum_lab.bench.replay import Replayer, ReplayResult
+from continuum_lab.bench.report import emulated_loops
 from continuum_lab.bench.sessions import SessionsProtocol, session_programs, window_figures
 from continuum_lab.harness.server import SGLangServer, on_cores
 
@@ -74,7 +75,8 @@ def run_grid(runs: Iterable[dict], args, programs, pool: int, profile: Optional[
             "protocol": window["protocol"],
         }
         if "emulator" in run:
-            record["emulator"] = {k: run["emulator"][k] for k in ("steps", "busy_s", "host_transfers", "run_s")}
+            keys = ("steps", "busy_s", "host_transfers", "run_s", "overlap")
+            record["emulator"] = {k: run["emulator"].get(k) for k in keys}
         records.append(record)
         f = record["figures"]
         print(
@@ -100,7 +102,7 @@ def run_grid(runs: Iterable[dict], args, programs, pool: int, profile: Optional[
     (args.out / "report.json").write_text(json.dumps(report, indent=1))
     pngs = sessions_report.plots(rows, args.out)
     backend = (
-        f"**Emulated, predictions** (profile {profile!r}"
+        f"**Emulated, predictions** (SGLang's scheduler on {emulated_loops(records)}; profile {profile!r}"
         if profile
         else f"**Measured** on real SGLang servers (`--model {args.model}`"
     )
