@@ -264,7 +264,7 @@ class ClosedLoopDriver:
             if not overlap and launched is not None:
                 self._complete(launched)
                 launched = None
-            loop.end_iteration(self.s, batch, (launched.batch, launched.result) if launched else None, idle=False)
+            loop.end_iteration(self.s, batch, launched.entry if launched else None, idle=False)
             in_flight = launched
 
     def _launch(self, batch, now: float, after: float) -> "_Launched":
@@ -289,8 +289,7 @@ class ClosedLoopDriver:
             dt = self.latency.decode_seconds(shape.batch_size, shape.context_tokens)
             self.steps["decode"] += 1
         self.busy_s += dt
-        batch_copy, result = loop.launch(self.s, batch)
-        return _Launched(batch_copy, result, max(now, after), dt)
+        return _Launched(loop.launch(self.s, batch), max(now, after), dt)
 
     def _run_forward(self, launched: "_Launched") -> None:
         """The forward's time passes."""
@@ -303,9 +302,9 @@ class ClosedLoopDriver:
         """Its forward's time passes (if it has not), then its results are processed."""
         if not launched.ran:
             self._run_forward(launched)
-        loop.process(self.s, (launched.batch, launched.result))
+        loop.process(self.s, launched.entry)
         done = self.clock()
-        for req in launched.batch.reqs:
+        for req in launched.entry[0].reqs:
             entry = self._inflight.get(req.rid)
             if entry is None:
                 continue
@@ -318,11 +317,10 @@ class ClosedLoopDriver:
 class _Launched:
     """A batch whose forward was launched and whose results are not processed yet."""
 
-    __slots__ = ("batch", "result", "start", "seconds", "ran")
+    __slots__ = ("entry", "start", "seconds", "ran")
 
-    def __init__(self, batch, result, start: float, seconds: float) -> None:
-        self.batch = batch
-        self.result = result
+    def __init__(self, entry, start: float, seconds: float) -> None:
+        self.entry = entry  # (batch, result) as the harness's launch returned it
         self.start = start  # virtual time its forward starts: when the one before it ends
         self.seconds = seconds
         self.ran = False  # its forward's time has passed on the clock

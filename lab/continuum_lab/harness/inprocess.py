@@ -4,9 +4,10 @@ Builds the scheduler exactly as ``run_scheduler_process`` does (plugins loaded, 
 resolved and published), then drives its loop by hand, in the order of SGLang's own loops:
 ``event_loop_normal`` (``get_next_batch_to_run`` -> ``run_batch`` -> ``process_batch_result``) or,
 with overlap scheduling (a server's default), ``event_loop_overlap`` (select and launch the next
-batch, then process the results of the one launched before it). Requests enter through ``handle_generate_request``
-with a ``TokenizedGenerateReqInput``, as they would from the tokenizer manager. Outputs go to the
-scheduler's own (unconnected) detokenizer socket and are read off the ``Req`` objects instead.
+batch, then process the results of the one launched before it). Requests enter through
+``handle_generate_request`` with a ``TokenizedGenerateReqInput``, as they would from the tokenizer
+manager. Outputs go to the scheduler's own (unconnected) detokenizer socket and are read off the
+``Req`` objects instead.
 """
 
 from __future__ import annotations
