@@ -25,6 +25,7 @@ from sglang.srt.environ import envs
 from sglang.srt.managers.schedule_batch import FINISH_ABORT, Req
 from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle, CacheRequestOutcome, EvictParams, EvictResult
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache.common import match_kv_cache
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 from sglang.srt.server_args import ServerArgs
 
@@ -181,10 +182,25 @@ class ContinuumRadixCache(UnifiedRadixCache):
         # SGLang's own health probes (/health_generate) are nobody's turn: never remembered
         if not meta.has_program and self.inference is not None and not req.rid.startswith(HEALTH_CHECK_RID_PREFIX):
             meta = self.inference.attribute(req)
-        tag = self.controller.turn_arrived(meta, waiting_ahead=waiting_ahead)
+        cached = None
+        if meta.has_program:  # what a return finds cached places it (``core/priority.py``)
+            cached = self._cached_on_arrival(req)
+        tag = self.controller.turn_arrived(
+            meta, waiting_ahead=waiting_ahead, prompt_tokens=len(req.origin_input_ids), cached_tokens=cached
+        )
         set_tag(req, tag)
         self.lifecycle.entered(req.rid, tag)
         return tag
+
+    def _cached_on_arrival(self, req: Req) -> Optional[int]:
+        """How much of ``req``'s prompt is cached (device and host) as it arrives: SGLang's own
+        match, as its cache-aware policies run it for every waiting request."""
+        try:
+            found = match_kv_cache(req, self)
+        except Exception:  # an order hint must never cost the request: it keeps its program's place
+            logger.exception("continuum: prefix match on arrival failed for %s", req.rid)
+            return None
+        return int(found.device_prefix_len) + int(found.host_hit_length or 0)
 
     def on_admitted(self, req: Req) -> None:
         """``req`` was just taken into a prefill batch and holds its own lock on its prefix."""

@@ -37,6 +37,7 @@ from sglang_continuum.core.counters import (
 from sglang_continuum.core.metadata import ProgramMeta
 from sglang_continuum.core.offload import ReloadCost
 from sglang_continuum.core.pins import Pin, PinTable, Tier
+from sglang_continuum.core.priority import context_gone
 from sglang_continuum.core.programs import HOST_TIER_WORKING_SET_WINDOW_S, ProgramRegistry, ProgramState
 from sglang_continuum.core.rules import Rules, resolve_rules
 from sglang_continuum.core.settings import ContinuumSettings
@@ -97,8 +98,10 @@ class ContinuumController:
         self.programs.working_set_window_s = HOST_TIER_WORKING_SET_WINDOW_S
 
     # -- events --------------------------------------------------------------------------
-    def turn_arrived(self, meta: ProgramMeta, *, waiting_ahead: int = 0) -> TurnTag:
-        """A turn entered the waiting queue behind ``waiting_ahead`` requests."""
+    def turn_arrived(
+        self, meta: ProgramMeta, *, waiting_ahead: int = 0, prompt_tokens: int = 0, cached_tokens: Optional[int] = None
+    ) -> TurnTag:
+        """A turn entered the queue behind ``waiting_ahead`` requests, ``cached_tokens`` of its prompt cached."""
         rank = next(self._rank)
         now = self.clock()
         self.identity.count(meta.identified_by)
@@ -126,6 +129,8 @@ class ContinuumController:
             self._pin_outcome(hit=False)
         miss = state.turns_arrived > 1 and meta.program_id not in self.pins
         tag = TurnTag(meta, rank, state.arrival_rank, now, miss, turn=state.turns_arrived, program=state)
+        tag.new_program = state.turns_admitted == 0 and state.turns_finished == 0
+        tag.context_gone = miss and context_gone(state.context_tokens, prompt_tokens, cached_tokens)
         self.bounded.enter(tag, now, waiting_ahead)
         return tag
 
@@ -383,6 +388,8 @@ class ContinuumController:
             pinned=pid is not None and pid in self.pins,
             program_rank=tag.program_rank,
             request_rank=tag.request_rank,
+            context_gone=tag.context_gone,
+            new_program=tag.new_program,
         )
 
     def is_overdue(self, tag: TurnTag) -> bool:

@@ -7,33 +7,74 @@ Keys, in order (smaller first):
 3. overdue requests, oldest first: no request waits unboundedly behind programs that keep
    coming back (what makes a request overdue is the controller's business: being overtaken by
    its budget of later arrivals, ``core/bounded_waiting.py``);
-4. program arrival (the program's first turn), then request arrival.
-A request with no program id is a program of its own that arrived with it, so a queue with no
-program ids at all keeps pure FCFS order.
+4. returning turns that found their context cached when they arrived: program arrival (the
+   program's first turn), then request arrival;
+5. returning turns that found their context gone (``context_gone``), in request arrival;
+6. turns of new programs (none of their turns admitted yet: first turns), then requests without a
+   program id: program arrival, then request arrival.
+Program order pays by serving a program while its context is still there. A return whose context
+is gone re-prefills it wherever it is placed; placed by its program's age it would put the longest
+contexts at the head of the queue, where SGLang's prefill admission stops at the first request
+that does not fit. It still goes before new programs: it is a program already in flight, and its
+context is what the pool was sized to hold. A request with no program id is a program of its own
+that arrived with it, so a queue with no program ids at all keeps pure FCFS order.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Optional, Protocol
 
-RETRACTED, PINNED, OVERDUE, WAITING = 0, 1, 2, 3
+RETRACTED, PINNED, OVERDUE, WAITING, CONTEXT_GONE, NEW = 0, 1, 2, 3, 4, 5
 
 QueueKey = tuple[int, int, int]
+# the share of its context a returning turn must find cached when it arrives to keep its
+# program's place
+KEEPS_PLACE = 0.5
+
+
+def context_gone(context_tokens: int, prompt_tokens: int, cached_tokens: Optional[int]) -> bool:
+    """Whether a returning turn found less than ``KEEPS_PLACE`` of its context cached as it arrived
+    (``cached_tokens`` of ``prompt_tokens``; None: not known, it keeps its place).
+    ``context_tokens``: what its program had when its last turn ended; only what the prompt still
+    extends counts (a client that cut its history lost nothing to the pool)."""
+    context = min(context_tokens, prompt_tokens) if prompt_tokens > 0 else context_tokens
+    return cached_tokens is not None and context > 0 and cached_tokens < KEEPS_PLACE * context
 
 
 class OrderKey(Protocol):
     """A queue order (``core.rules.Rules.order``): the key of one waiting request."""
 
     def __call__(
-        self, *, retracted: bool, overdue: bool, pinned: bool, program_rank: int, request_rank: int
+        self,
+        *,
+        retracted: bool,
+        overdue: bool,
+        pinned: bool,
+        program_rank: int,
+        request_rank: int,
+        context_gone: bool = False,
+        new_program: bool = False,
     ) -> QueueKey: ...
 
 
-def program_fcfs(*, retracted: bool, overdue: bool, pinned: bool, program_rank: int, request_rank: int) -> QueueKey:
+def program_fcfs(
+    *,
+    retracted: bool,
+    overdue: bool,
+    pinned: bool,
+    program_rank: int,
+    request_rank: int,
+    context_gone: bool = False,
+    new_program: bool = False,
+) -> QueueKey:
     if retracted:
         return (RETRACTED, program_rank, request_rank)
     if pinned:
         return (PINNED, program_rank, request_rank)
     if overdue:
         return (OVERDUE, request_rank, 0)
+    if new_program:
+        return (NEW, program_rank, request_rank)
+    if context_gone:
+        return (CONTEXT_GONE, request_rank, 0)
     return (WAITING, program_rank, request_rank)

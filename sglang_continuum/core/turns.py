@@ -24,6 +24,8 @@ class TurnTag:
     returning_miss: bool = False  # a later turn whose program held no pin when it arrived
     held_back: bool = False  # admission control kept it waiting at least once
     turn: int = 1  # its program's turns seen here so far, this one included (1 = first turn)
+    context_gone: bool = False  # a return without a pin that found most of its context gone on arrival
+    new_program: bool = True  # no turn of its program had been admitted when it arrived (or no program)
     # Bounded waiting. ``queued_at``: when it (re-)entered the queue (a retraction restarts it).
     # ``overtake_base``: the overtaking clock (``BoundedWaiting.pace``) when it (re-)entered, plus
     # the requests already waiting then (those go first under FCFS too); the clock beyond that is

@@ -184,8 +184,10 @@ def test_blocked_turn_of_an_earlier_program_sheds_a_later_programs_pin_while_a_d
     # one such sample makes a tiny "slow" pin worth it. Restore the fixture's premise: never pinned.
     for _ in range(cache.controller.stats.window):
         cache.controller.stats.record("slow", 500.0)
-    driver.submit(tokens(rng, 30), max_new_tokens=4, custom_params=meta("early", "slow"))  # E first; no pin
+    early = tokens(rng, 30)
+    e1 = driver.submit(early, max_new_tokens=4, custom_params=meta("early", "slow"))  # E first; no pin
     driver.run_until_idle()
+    early += driver.output_ids(e1)  # still cached when E comes back: it keeps E's place in the queue
     driver.submit(tokens(rng, 500), max_new_tokens=8, custom_params=meta("late", "fast"))  # pinned for 20 s
     driver.run_until_idle()
     assert "late" in cache.controller.pins and "early" not in cache.controller.pins, (
@@ -206,7 +208,7 @@ def test_blocked_turn_of_an_earlier_program_sheds_a_later_programs_pin_while_a_d
     assert n not in driver.admitted and "late" in cache.controller.pins  # a later program waits for L
     sheds = cache.controller.admission.admission_sheds
 
-    e2 = driver.submit(tokens(rng, 520), max_new_tokens=4, custom_params=meta("early", last=True))
+    e2 = driver.submit(early + tokens(rng, 520 - len(early)), max_new_tokens=4, custom_params=meta("early", last=True))
     driver.step()
     assert e2 in driver.admitted and not driver.req(x).finished()  # admitted while X decodes
     assert "late" not in cache.controller.pins and cache.controller.admission.admission_sheds > sheds
@@ -476,6 +478,40 @@ def test_returning_turns_feed_the_return_loss_with_the_prefix_the_real_cache_fou
     assert found["rl-hit"] >= len(contexts["rl-hit"]) - 1  # its pin kept it (SGLang may not cache the last token)
     assert found["rl-miss"] < len(contexts["rl-miss"]) // 2  # gone: a loss the meter counted
     meter.check_integrity()
+
+
+def test_a_return_whose_context_the_pool_gave_away_queues_after_cached_returns_before_new_programs(driver):
+    """What a returning turn finds cached is read from the real cache as it arrives: one whose
+    context is still there keeps its program's place; one whose context went to others re-prefills
+    it anyway and goes after it, though its program arrived first, but before a new program."""
+    rng = random.Random(23)
+    drain_pins(driver)
+    contexts = {}
+    for pid in ("po-gone", "po-kept"):  # "slow": never pinned
+        contexts[pid] = tokens(rng, 200)
+        rid = driver.submit(contexts[pid], max_new_tokens=4, custom_params=meta(pid, "slow"))
+        driver.run_until_idle()
+        contexts[pid] += driver.output_ids(rid)
+        if pid == "po-gone":  # fillers with no program id take the whole pool: its context goes
+            for _ in range(3):
+                driver.submit(tokens(rng, POOL // 3), max_new_tokens=4)
+            driver.run_until_idle()
+    new = driver.submit(tokens(rng, 30), max_new_tokens=4, custom_params=meta("po-new"))
+    gone = driver.submit(
+        contexts["po-gone"] + tokens(rng, 20), max_new_tokens=4, custom_params=meta("po-gone", last=True)
+    )
+    kept = driver.submit(
+        contexts["po-kept"] + tokens(rng, 20), max_new_tokens=4, custom_params=meta("po-kept", last=True)
+    )
+    tags = {rid: driver.s.tree_cache.lifecycle.get(rid).tag for rid in (new, gone, kept)}
+    assert [tags[r].context_gone for r in (new, gone, kept)] == [False, True, False]
+    driver.s.policy.calc_priority(driver.s.waiting_queue, driver.s.running_batch)
+    assert [q.rid for q in driver.s.waiting_queue] == [kept, gone, new]
+    start = len(driver.admitted)
+    driver.run_until_idle()
+    assert driver.admitted[start:] == [kept, gone, new]
+    driver.submit(tokens(rng, 10), max_new_tokens=2, custom_params=meta("po-new", last=True))
+    driver.run_until_idle()
 
 
 def test_admission_control_keeps_no_room_for_a_program_the_cost_model_let_go(driver):

@@ -16,7 +16,16 @@ from sglang_continuum.core.rules import Rules, Timings
 from sglang_continuum.core.ttl_baselines import BernsteinTTL, FixedTTL, ReferenceTTL
 
 
-def request_fcfs(*, retracted: bool, overdue: bool, pinned: bool, program_rank: int, request_rank: int) -> QueueKey:
+def request_fcfs(
+    *,
+    retracted: bool,
+    overdue: bool,
+    pinned: bool,
+    program_rank: int,
+    request_rank: int,
+    context_gone: bool = False,
+    new_program: bool = False,
+) -> QueueKey:
     """SGLang's fcfs (retracted requests first, then arrival): pins without program-level order."""
     return (RETRACTED if retracted else WAITING, request_rank, 0)
 

@@ -367,6 +367,47 @@ def bench_inference(records: int = 30_000, prompts: tuple[int, ...] = (32_768, 1
     return rows
 
 
+def bench_arrival_match(model_path: str, prompts: tuple[int, ...] = (32_768, 131_072)) -> list[dict]:
+    """The enqueue hook of a program's turn (``ContinuumRadixCache.turn_entered``, with SGLang's
+    ``Req``) at long prompts: it runs SGLang's prefix match once, which tells the queue order
+    whether a return's context is still there. A return whose whole context is resident, and one
+    whose context is gone (a prompt the cache has never seen)."""
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.runtime_context import SpawnRanks, publish
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.server_args import ServerArgs
+
+    from continuum_lab.harness.cpu_cache import TurnDriver, make_cache
+    from sglang_continuum.core.metadata import ProgramMeta
+    from sglang_continuum.core.settings import ContinuumSettings
+
+    load_plugins()
+    args = ServerArgs(model_path=model_path, device="cpu", schedule_policy="continuum", max_total_tokens=65536)
+    args.resolve_once()
+    publish(args, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
+    rng = random.Random(0)
+    cache = make_cache(sum(prompts) + 4096, settings=ContinuumSettings(pin_budget_fraction=0.0))  # nothing pinned
+    driver = TurnDriver(cache)
+    rows, made = [], iter(range(10**9))
+    for n in prompts:
+        pid = f"long{n}"
+        context = [rng.randrange(5, 500) for _ in range(n)]
+        driver.run_turn(ProgramMeta(pid), context)
+        stranger = [rng.randrange(500, 1000) for _ in range(n)]
+        pending: list = []
+
+        def arrival(tokens: list[int]) -> None:
+            sp = SamplingParams(max_new_tokens=16, custom_params={"program_id": pid})
+            pending.append(Req(f"{pid}-{next(made)}", "", array("q", tokens), sp))
+
+        resident = timeit(lambda: cache.turn_entered(pending[-1]), 20, setup=lambda: arrival(context + [5, 6, 7]))
+        gone = timeit(lambda: cache.turn_entered(pending[-1]), 20, setup=lambda: arrival(stranger))
+        assert cache.lifecycle.get(pending[-1].rid).tag.context_gone, "the bench's return must find its context gone"
+        rows.append({"prompt_tokens": n, "arrival_resident": resident, "arrival_gone": gone})
+    return rows
+
+
 def bench_decode(model_path: str, servers: int, batches: int, requests: int, new_tokens: int) -> dict:
     import concurrent.futures
 
@@ -420,7 +461,9 @@ def main(argv=None) -> int:
     ap.add_argument("--decode", action="store_true", help="only the end-to-end decode A/B on live servers")
     ap.add_argument("--servers", type=int, default=6, help="--decode: server pairs (fcfs + continuum)")
     ap.add_argument("--stats-exchange", action="store_true", help="only shared tool statistics' cost per step")
-    ap.add_argument("--inference", action="store_true", help="only program inference's cost per arrival")
+    ap.add_argument(
+        "--inference", action="store_true", help="only the per-arrival costs: program inference, the prefix match"
+    )
     args = ap.parse_args(argv)
     machine = {"cpu_count": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
     if args.stats_exchange:
@@ -443,7 +486,7 @@ def main(argv=None) -> int:
         print(f"report: {args.out}")
         return 0
     if args.inference:
-        report = {"machine": machine, "inference": bench_inference()}
+        report = {"machine": machine, "inference": bench_inference(), "arrival_match": bench_arrival_match(args.model)}
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2))
         for x in report["inference"]:
@@ -453,6 +496,13 @@ def main(argv=None) -> int:
                 f"p90), arrival (no match) {x['arrival_unmatched']['median_us'] / 1000:.3f} ms median "
                 f"({x['arrival_unmatched']['p90_us'] / 1000:.3f} p90), a finished turn's record "
                 f"{x['record_finished_turn']['median_us'] / 1000:.3f} ms; a request with an id looks up nothing"
+            )
+        for x in report["arrival_match"]:
+            print(
+                f"enqueue hook of a return, {x['prompt_tokens']}-token prompt (SGLang's prefix match): "
+                f"context resident {x['arrival_resident']['median_us'] / 1000:.3f} ms median "
+                f"({x['arrival_resident']['p90_us'] / 1000:.3f} p90), context gone "
+                f"{x['arrival_gone']['median_us'] / 1000:.3f} ms median ({x['arrival_gone']['p90_us'] / 1000:.3f} p90)"
             )
         print(f"report: {args.out}")
         return 0
