@@ -6,8 +6,6 @@
 # docs/results/imported/ablations/ name their flags in their report.md)
 # KVTESTER_DIR: a checkout of github.com/callanjfox/kv-cache-tester (94f6046d);
 # LMCACHE_DIR: of github.com/LMCache/lmcache-agent-trace (16a14ada). See workloads/imported/README.md.
-# The committed reports ran the emulator's serial loop; today it runs SGLang's overlap loop, as a
-# server does (lab/continuum_lab/emulator/README.md), so a re-run gives the overlap figures.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
