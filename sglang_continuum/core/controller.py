@@ -37,7 +37,7 @@ from sglang_continuum.core.counters import (
 from sglang_continuum.core.metadata import ProgramMeta
 from sglang_continuum.core.offload import ReloadCost
 from sglang_continuum.core.pins import Pin, PinTable, Tier
-from sglang_continuum.core.priority import context_gone
+from sglang_continuum.core.priority import Waiting, context_gone
 from sglang_continuum.core.programs import HOST_TIER_WORKING_SET_WINDOW_S, ProgramRegistry, ProgramState
 from sglang_continuum.core.rules import Rules, resolve_rules
 from sglang_continuum.core.settings import ContinuumSettings
@@ -382,14 +382,10 @@ class ContinuumController:
         """The waiting request's key in the rules' order (by default program-level FCFS with
         bounded waiting, ``priority.py``)."""
         pid = tag.meta.program_id
+        pinned = pid is not None and pid in self.pins
+        ranks = (tag.program_rank, tag.request_rank)
         return self.rules.order(
-            retracted=retracted,
-            overdue=self.is_overdue(tag),
-            pinned=pid is not None and pid in self.pins,
-            program_rank=tag.program_rank,
-            request_rank=tag.request_rank,
-            context_gone=tag.context_gone,
-            new_program=tag.new_program,
+            Waiting(retracted, self.is_overdue(tag), pinned, *ranks, tag.context_gone, tag.new_program)
         )
 
     def is_overdue(self, tag: TurnTag) -> bool:

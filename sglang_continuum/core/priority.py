@@ -22,7 +22,8 @@ that arrived with it, so a queue with no program ids at all keeps pure FCFS orde
 
 from __future__ import annotations
 
-from typing import Optional, Protocol
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 RETRACTED, PINNED, OVERDUE, WAITING, CONTEXT_GONE, NEW = 0, 1, 2, 3, 4, 5
 
@@ -41,40 +42,31 @@ def context_gone(context_tokens: int, prompt_tokens: int, cached_tokens: Optiona
     return cached_tokens is not None and context > 0 and cached_tokens < KEEPS_PLACE * context
 
 
-class OrderKey(Protocol):
-    """A queue order (``core.rules.Rules.order``): the key of one waiting request."""
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """What a queue order knows of one waiting request."""
 
-    def __call__(
-        self,
-        *,
-        retracted: bool,
-        overdue: bool,
-        pinned: bool,
-        program_rank: int,
-        request_rank: int,
-        context_gone: bool = False,
-        new_program: bool = False,
-    ) -> QueueKey: ...
+    retracted: bool  # SGLang re-queued it after a retraction
+    overdue: bool  # overtaken by its budget of later arrivals (``core/bounded_waiting.py``)
+    pinned: bool  # its program holds a live pin
+    program_rank: int  # arrival order of its program's first turn (its own without a program)
+    request_rank: int  # its own arrival order
+    context_gone: bool = False  # a return that found most of its context gone as it arrived
+    new_program: bool = True  # no turn of its program had been admitted (or no program)
 
 
-def program_fcfs(
-    *,
-    retracted: bool,
-    overdue: bool,
-    pinned: bool,
-    program_rank: int,
-    request_rank: int,
-    context_gone: bool = False,
-    new_program: bool = False,
-) -> QueueKey:
-    if retracted:
-        return (RETRACTED, program_rank, request_rank)
-    if pinned:
-        return (PINNED, program_rank, request_rank)
-    if overdue:
-        return (OVERDUE, request_rank, 0)
-    if new_program:
-        return (NEW, program_rank, request_rank)
-    if context_gone:
-        return (CONTEXT_GONE, request_rank, 0)
-    return (WAITING, program_rank, request_rank)
+OrderKey = Callable[[Waiting], QueueKey]  # a queue order (``core.rules.Rules.order``)
+
+
+def program_fcfs(w: Waiting) -> QueueKey:
+    if w.retracted:
+        return (RETRACTED, w.program_rank, w.request_rank)
+    if w.pinned:
+        return (PINNED, w.program_rank, w.request_rank)
+    if w.overdue:
+        return (OVERDUE, w.request_rank, 0)
+    if w.new_program:
+        return (NEW, w.program_rank, w.request_rank)
+    if w.context_gone:
+        return (CONTEXT_GONE, w.request_rank, 0)
+    return (WAITING, w.program_rank, w.request_rank)

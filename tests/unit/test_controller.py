@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from continuum_lab.bench.variants import request_fcfs
 from sglang_continuum.core.metadata import ProgramMeta
-from sglang_continuum.core.priority import program_fcfs
+from sglang_continuum.core.priority import Waiting, program_fcfs
 from sglang_continuum.core.settings import ContinuumSettings
 from tests.support import controller
 
@@ -133,15 +133,7 @@ def test_reference_rule():
 
 def test_priority_key_order():
     def key(retracted=False, overdue=False, pinned=False, program=0, request=0, gone=False, new=False):
-        return program_fcfs(
-            retracted=retracted,
-            overdue=overdue,
-            pinned=pinned,
-            program_rank=program,
-            request_rank=request,
-            context_gone=gone,
-            new_program=new,
-        )
+        return program_fcfs(Waiting(retracted, overdue, pinned, program, request, gone, new))
 
     # pinned turns (resident prefix) before overdue ones; an overdue pinned turn is pinned; returns
     # whose context is cached in program order, then returns whose context is gone in arrival

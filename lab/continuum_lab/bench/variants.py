@@ -11,23 +11,14 @@ from __future__ import annotations
 
 from functools import partial
 
-from sglang_continuum.core.priority import RETRACTED, WAITING, QueueKey
+from sglang_continuum.core.priority import RETRACTED, WAITING, QueueKey, Waiting
 from sglang_continuum.core.rules import Rules, Timings
 from sglang_continuum.core.ttl_baselines import BernsteinTTL, FixedTTL, ReferenceTTL
 
 
-def request_fcfs(
-    *,
-    retracted: bool,
-    overdue: bool,
-    pinned: bool,
-    program_rank: int,
-    request_rank: int,
-    context_gone: bool = False,
-    new_program: bool = False,
-) -> QueueKey:
+def request_fcfs(w: Waiting) -> QueueKey:
     """SGLang's fcfs (retracted requests first, then arrival): pins without program-level order."""
-    return (RETRACTED if retracted else WAITING, request_rank, 0)
+    return (RETRACTED if w.retracted else WAITING, w.request_rank, 0)
 
 
 def fixed_ttl(seconds: float, **timings: float) -> Rules:
