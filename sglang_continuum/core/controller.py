@@ -101,7 +101,9 @@ class ContinuumController:
     def turn_arrived(
         self, meta: ProgramMeta, *, waiting_ahead: int = 0, prompt_tokens: int = 0, cached_tokens: Optional[int] = None
     ) -> TurnTag:
-        """A turn entered the queue behind ``waiting_ahead`` requests, ``cached_tokens`` of its prompt cached."""
+        """A turn entered the waiting queue behind ``waiting_ahead`` requests, with ``cached_tokens``
+        of its ``prompt_tokens`` cached as it arrived (None: not looked up), which places a return
+        in the queue order (``priority.py``)."""
         rank = next(self._rank)
         now = self.clock()
         self.identity.count(meta.identified_by)
