@@ -60,6 +60,8 @@ grids)
     # Pools of the lmcache runs: ~3 average contexts and at least the largest program (the
     # CPU bench's --pool-programs 3 rule), since an H100's 454k-token pool holds them all.
     h100 claude-code $W/claude-code-kvtester.jsonl 0.2 --programs 12
+    # every policy overloaded: 100 sessions at 0.06/s on the full pool, two seeds (~23 minutes)
+    h100 claude-code-overload $W/claude-code-kvtester.jsonl 0.06 --programs 100 --seeds 1,2
     h100 miniswe $W/lmcache-miniswe.jsonl 0.2 --max-total-tokens 39794
     h100 taubench $W/lmcache-taubench.jsonl 2 --max-total-tokens 2184
     h100 magagent $W/lmcache-magagent.jsonl 0.3 --programs 40 --max-total-tokens 29273
