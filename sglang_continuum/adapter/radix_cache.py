@@ -182,11 +182,11 @@ class ContinuumRadixCache(UnifiedRadixCache):
         # SGLang's own health probes (/health_generate) are nobody's turn: never remembered
         if not meta.has_program and self.inference is not None and not req.rid.startswith(HEALTH_CHECK_RID_PREFIX):
             meta = self.inference.attribute(req)
-        cached = None
-        if meta.has_program:  # what a return finds cached places it (``core/priority.py``)
-            cached = self._cached_on_arrival(req)
         tag = self.controller.turn_arrived(
-            meta, waiting_ahead=waiting_ahead, prompt_tokens=len(req.origin_input_ids), cached_tokens=cached
+            meta,
+            waiting_ahead=waiting_ahead,
+            prompt_tokens=len(req.origin_input_ids),
+            cached_tokens=lambda: self._cached_on_arrival(req),
         )
         set_tag(req, tag)
         self.lifecycle.entered(req.rid, tag)

@@ -47,6 +47,7 @@ from sglang_continuum.core.tool_stats import UNKNOWN_TOOL, ToolStats
 from sglang_continuum.core.ttl import TTLModel, TTLQuery
 from sglang_continuum.core.turns import AdmissionRecord, FinishOutcome, StepPlan, TurnTag
 
+CachedLookup = Optional[Callable[[], Optional[int]]]  # how much of a prompt is cached, looked up on demand
 logger = logging.getLogger(__name__)
 SURVIVAL_WINDOW = 256  # pin outcomes (hit, or shed and its program came back) pin survival reads
 
@@ -99,11 +100,11 @@ class ContinuumController:
 
     # -- events --------------------------------------------------------------------------
     def turn_arrived(
-        self, meta: ProgramMeta, *, waiting_ahead: int = 0, prompt_tokens: int = 0, cached_tokens: Optional[int] = None
+        self, meta: ProgramMeta, *, waiting_ahead: int = 0, prompt_tokens: int = 0, cached_tokens: CachedLookup = None
     ) -> TurnTag:
-        """A turn entered the waiting queue behind ``waiting_ahead`` requests, with ``cached_tokens``
-        of its ``prompt_tokens`` cached as it arrived (None: not looked up), which places a return
-        in the queue order (``priority.py``)."""
+        """A turn entered the waiting queue behind ``waiting_ahead`` requests. ``cached_tokens``
+        looks up how much of its ``prompt_tokens`` is cached (None: unknown), called only for a
+        return whose place in the queue order depends on it (``priority.py``)."""
         rank = next(self._rank)
         now = self.clock()
         self.identity.count(meta.identified_by)
@@ -132,7 +133,8 @@ class ContinuumController:
         miss = state.turns_arrived > 1 and meta.program_id not in self.pins
         tag = TurnTag(meta, rank, state.arrival_rank, now, miss, turn=state.turns_arrived, program=state)
         tag.new_program = state.turns_admitted == 0 and state.turns_finished == 0
-        tag.context_gone = miss and context_gone(state.context_tokens, prompt_tokens, cached_tokens)
+        if miss and not tag.new_program and cached_tokens is not None:
+            tag.context_gone = context_gone(state.context_tokens, prompt_tokens, cached_tokens())
         self.bounded.enter(tag, now, waiting_ahead)
         return tag
 

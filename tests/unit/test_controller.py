@@ -236,6 +236,10 @@ def test_a_return_whose_pin_expired_or_was_refused_keeps_its_programs_place():
         assert back.returning_miss and back.program_rank < newcomer.program_rank
 
 
+def not_looked_up():  # a turn whose place does not depend on the cache: the lookup must not run
+    raise AssertionError("looked up what a turn that is not a return without a pin finds cached")
+
+
 def test_a_return_that_finds_its_context_gone_queues_by_its_own_arrival_before_new_programs():
     # Program order pays by serving a program while its context is there; placed by its program's
     # age, a return that must re-prefill its whole context anyway puts the longest prompts at the
@@ -245,10 +249,10 @@ def test_a_return_that_finds_its_context_gone_queues_by_its_own_arrival_before_n
         c.turn_arrived(turn(pid))
         c.turn_finished(turn(pid), context_tokens=1000, handle=None)
     newcomer = c.turn_arrived(turn("new"))
-    gone2 = c.turn_arrived(turn("gone2"), prompt_tokens=1100, cached_tokens=0)
-    gone = c.turn_arrived(turn("gone"), prompt_tokens=1100, cached_tokens=400)
-    kept = c.turn_arrived(turn("kept"), prompt_tokens=1100, cached_tokens=600)
-    cut = c.turn_arrived(turn("cut"), prompt_tokens=300, cached_tokens=200)  # the client cut its history
+    gone2 = c.turn_arrived(turn("gone2"), prompt_tokens=1100, cached_tokens=lambda: 0)
+    gone = c.turn_arrived(turn("gone"), prompt_tokens=1100, cached_tokens=lambda: 400)
+    kept = c.turn_arrived(turn("kept"), prompt_tokens=1100, cached_tokens=lambda: 600)
+    cut = c.turn_arrived(turn("cut"), prompt_tokens=300, cached_tokens=lambda: 200)  # the client cut its history
     unknown = c.turn_arrived(turn("unknown"), prompt_tokens=1100)  # the adapter could not tell
     assert all(t.returning_miss for t in (gone, gone2, kept, cut, unknown))
     assert [t.context_gone for t in (gone, gone2, kept, cut, unknown)] == [True, True, False, False, False]
@@ -256,7 +260,7 @@ def test_a_return_that_finds_its_context_gone_queues_by_its_own_arrival_before_n
     assert order == [kept, cut, unknown, gone2, gone, newcomer]
     assert gone.program_rank < newcomer.program_rank  # shedding still ranks it by its program
     # a program's second turn sent before its first was admitted queues with it, after it
-    also_new = c.turn_arrived(turn("new"), prompt_tokens=50, cached_tokens=0)
+    also_new = c.turn_arrived(turn("new"), prompt_tokens=50, cached_tokens=not_looked_up)
     assert also_new.new_program and not also_new.context_gone
     assert c.priority_key(newcomer, False) < c.priority_key(also_new, False)
 
@@ -266,7 +270,7 @@ def test_a_pinned_return_keeps_its_programs_place_whatever_was_matched():
     c.turn_arrived(turn("p"))
     c.turn_finished(turn("p"), context_tokens=1000, handle="h")
     newcomer = c.turn_arrived(turn("new"))
-    back = c.turn_arrived(turn("p"), prompt_tokens=1100, cached_tokens=0)
+    back = c.turn_arrived(turn("p"), prompt_tokens=1100, cached_tokens=not_looked_up)
     assert not back.returning_miss and not back.context_gone
     assert c.priority_key(back, False) < c.priority_key(newcomer, False)
 

@@ -368,9 +368,9 @@ def bench_inference(records: int = 30_000, prompts: tuple[int, ...] = (32_768, 1
 
 
 def bench_arrival_match(model_path: str, prompts: tuple[int, ...] = (32_768, 131_072)) -> list[dict]:
-    """The enqueue hook of a program's turn (``ContinuumRadixCache.turn_entered``, with SGLang's
-    ``Req``) at long prompts: it runs SGLang's prefix match once, which tells the queue order
-    whether a return's context is still there. A return whose whole context is resident, and one
+    """The enqueue hook of a return whose program holds no pin (``ContinuumRadixCache.turn_entered``,
+    with SGLang's ``Req``) at long prompts: it runs SGLang's prefix match once, which tells the
+    queue order whether the return's context is still there. A return whose whole context is resident, and one
     whose context is gone (a prompt the cache has never seen)."""
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.plugins import load_plugins
