@@ -35,7 +35,7 @@ from sglang_continuum.core.counters import (
     counter_values,
 )
 from sglang_continuum.core.metadata import ProgramMeta
-from sglang_continuum.core.offload import LikelyBack, ReloadCost
+from sglang_continuum.core.offload import ReloadCost
 from sglang_continuum.core.pins import Pin, PinTable, Tier
 from sglang_continuum.core.priority import Waiting, context_gone
 from sglang_continuum.core.programs import HOST_TIER_WORKING_SET_WINDOW_S, ProgramRegistry, ProgramState
@@ -95,8 +95,8 @@ class ContinuumController:
         self.reload_cost = reload
         self.host_pins = PinTable(host_budget_tokens)
         self.ttl_model.use_host_tier(reload, hold_cost, self.timings.max_host_ttl_s)
-        # a program out on a tool keeps its KV on host, pinned or not: its room is kept while it is likely back
-        self.programs.use_host_tier(LikelyBack(self.stats, HOST_TIER_WORKING_SET_WINDOW_S))
+        # a program out on a tool keeps its KV on host, pinned or not: its room is kept longer
+        self.programs.working_set_window_s = HOST_TIER_WORKING_SET_WINDOW_S
 
     # -- events --------------------------------------------------------------------------
     def turn_arrived(

@@ -33,9 +33,10 @@ from typing import Optional
 import numpy as np
 
 from sglang_continuum.core.offload import host_ttl
-from sglang_continuum.core.tool_stats import COLD_START_K, SampleWindow, ToolStats
+from sglang_continuum.core.tool_stats import SampleWindow, ToolStats
 from sglang_continuum.core.ttl import TTLModel, TTLQuery, argmax_sorted
 
+COLD_START_K = 100  # samples needed before an empirical CDF is trusted (the paper's K)
 QUEUE_DELAY_WINDOW = 256  # returning turns that missed, averaged for T
 ETA_WINDOW = 1000  # completed programs eta is measured over
 

@@ -21,7 +21,6 @@ from typing import Optional
 
 import numpy as np
 
-from sglang_continuum.core.tool_stats import COLD_START_K, ToolStats
 from sglang_continuum.core.ttl import argmax_sorted
 
 # Conservative host-to-device bandwidth when nothing was measured: a quarter of PCIe 4.0 x16's
@@ -30,7 +29,6 @@ from sglang_continuum.core.ttl import argmax_sorted
 DEFAULT_HOST_BYTES_PER_S = 6e9
 DEFAULT_RELOAD_LATENCY_S = 1e-3
 HOST_PIN_BUDGET_FRACTION = 0.5  # share of the host pool host pins may hold
-MAX_CACHED_TOOLS = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,59 +82,3 @@ def host_ttl(
     if math.isinf(ratio):
         return min(float(rest[-1]), cap_s)
     return argmax_sorted(rest, ratio, cap_s=cap_s)
-
-
-def likely_back_s(sorted_samples: np.ndarray, horizon_s: float, return_p: float = 1.0) -> float:
-    """How long a program out on a tool stays more likely than not to be back within ``horizon_s``:
-    the first elapsed time ``e`` with ``P(e < T <= e + horizon_s | T > e) < 1/2``, where ``T`` is
-    the tool's time (``return_p`` times the samples' CDF; ``inf`` if there is none).
-
-    Recency cannot tell a tool call of seconds from a person reading for minutes; the tool's own
-    times can. Admission control counts a program out on a tool in the working set while this
-    holds. The conditional probability is a step function whose steps sit at the samples and at
-    the samples minus the horizon, so those points are the only candidates.
-    """
-    n = sorted_samples.size
-    if n == 0:
-        return math.inf
-    first = math.inf
-    for e in (np.zeros(1), sorted_samples, np.clip(sorted_samples - horizon_s, 0.0, None)):  # each sorted
-        at_e = np.searchsorted(sorted_samples, e, side="right")  # counts: exact ties at 1/2
-        by_horizon = np.searchsorted(sorted_samples, e + horizon_s, side="right")
-        # 2 * (back within the horizon) < (still out): not likely back (nothing left out: not back)
-        unlikely = np.flatnonzero(2 * return_p * (by_horizon - at_e) < n - return_p * at_e + n * (at_e == n))
-        if unlikely.size:
-            first = min(first, float(e[unlikely[0]]))
-    return first
-
-
-class LikelyBack:
-    """``likely_back_s`` for a tool as the statistics stand: its own times once it has
-    ``min_samples``, the global times until then, ``inf`` (no opinion) before the global times
-    have as many. Cached per tool until its return probability changes or a hundredth of its
-    times are new (each costs ``O(n log n)``, ~0.5 ms at 10,000 times)."""
-
-    def __init__(self, stats: ToolStats, horizon_s: float, *, min_samples: int = COLD_START_K + 1) -> None:
-        self.stats = stats
-        self.horizon_s = horizon_s
-        self.min_samples = min_samples
-        self._cache: dict[str, tuple[int, int, float, float]] = {}  # tool: (window, version, rho, value)
-
-    def __call__(self, tool: str) -> float:
-        window, _ = self.stats.window_for(tool, min_samples=self.min_samples)
-        if len(window) < self.min_samples:
-            return math.inf
-        rho = self.stats.return_probability(tool)
-        cached = self._cache.get(tool)
-        if (
-            cached is not None
-            and cached[0] == id(window)
-            and cached[2] == rho
-            and window.version - cached[1] < max(1, len(window) // 100)
-        ):
-            return cached[3]
-        value = likely_back_s(window.sorted, self.horizon_s, rho)
-        if len(self._cache) >= MAX_CACHED_TOOLS:
-            self._cache.clear()
-        self._cache[tool] = (id(window), window.version, rho, value)
-        return value

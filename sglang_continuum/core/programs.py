@@ -7,9 +7,8 @@ it held (a pin, a host pin) outlives it.
 
 The registry also keeps the **working set**: the current context tokens of programs that have
 been admitted at least once and were seen within ``working_set_window_s`` (longer with a host
-tier, where a program's KV waits out a tool call unpinned, and with a host tier no longer than its
-tool's own times say it is likely back: ``stay_s``) -- the programs the pool should hold for their
-next turn. Program-level admission control reads it. The owner lets a
+tier, where a program's KV waits out a tool call unpinned) -- the programs the pool should hold
+for their next turn. Program-level admission control reads it. The owner lets a
 program go sooner (``let_go``) when the policy keeps none of its KV while it is out on a tool (and
 there is no host tier for it to wait on).
 """
@@ -17,12 +16,9 @@ there is no host tier for it to wait on).
 from __future__ import annotations
 
 import hashlib
-import heapq
-import itertools
-import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional
+from typing import Iterator, Optional
 
 MAX_PROGRAMS = 100_000
 PROGRAM_IDLE_TIMEOUT_S = 900.0  # a program unseen this long, with nothing in flight, is forgotten
@@ -61,7 +57,6 @@ class ProgramState:
     announces_end: bool = False  # its client flags the last step (else its end is presumed from silence)
     longest_gap: float = 0.0  # the longest it has been away on a tool call and come back
     gaps: int = 0  # tool calls it came back from
-    leaves_at: float = math.inf  # out on a tool it is not likely back from soon: leaves the working set then
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,11 +86,6 @@ class ProgramRegistry:
         self._programs: OrderedDict[str, ProgramState] = OrderedDict()  # least recently seen first
         self._working: OrderedDict[str, None] = OrderedDict()  # admitted, seen in the window; LRU
         self.working_set_tokens = 0
-        # how long a program out on the named tool stays in the working set, if shorter than the
-        # window (None: the window for every tool)
-        self.stay_s: Optional[Callable[[str], float]] = None
-        self._leaving: list[tuple[float, int, str]] = []  # (leaves_at, tie-break, program): a heap
-        self._seq = itertools.count()
         self._forgotten: list[ProgramState] = []  # dropped by overflow or idleness, not yet drained
         self.forgotten = 0
         # the contexts programs had when they ended or were forgotten: how far a program grows
@@ -163,7 +153,6 @@ class ProgramRegistry:
             self._touch(state, now)
         state.turns_arrived += 1
         state.in_flight += 1
-        state.leaves_at = math.inf
         ret = None
         if state.last_finish is not None and state.pending_tool is not None:
             ret = ToolReturn(program_id, state.pending_tool, max(0.0, now - state.last_finish))
@@ -195,14 +184,6 @@ class ProgramRegistry:
         state.pending_tool = tool
         if context_tokens > 0:
             self._set_context(state, context_tokens)
-        if self.stay_s is not None and tool is not None and state.in_flight == 0:
-            stay = self.stay_s(tool)
-            if stay < self.working_set_window_s:
-                state.leaves_at = now + stay
-                heapq.heappush(self._leaving, (state.leaves_at, next(self._seq), program_id))
-                if len(self._leaving) > 2 * len(self._programs) + 64:  # stale entries: rebuild
-                    self._leaving = [e for e in self._leaving if self._leaves(e)]
-                    heapq.heapify(self._leaving)
         return state
 
     def turn_aborted(self, program_id: str, now: float) -> Optional[ProgramState]:
@@ -223,8 +204,7 @@ class ProgramRegistry:
     def forget_idle(self, now: float) -> None:
         """Drop programs unseen for ``idle_timeout_s`` that have no turn in flight (to
         ``drain_forgotten``) and let programs unseen for ``working_set_window_s`` leave the working
-        set, or sooner when their tool says they are not likely back soon (``stay_s``); O(number
-        dropped, refreshed or leaving)."""
+        set; O(number dropped or refreshed)."""
         cutoff = now - self.idle_timeout_s
         while self._programs:
             state = next(iter(self._programs.values()))
@@ -246,18 +226,6 @@ class ProgramRegistry:
                 self._touch(state, now)  # alive (a turn waits or runs): it must not stop the others' expiry
                 continue
             self._leave_working_set(state)
-        while self._leaving and self._leaving[0][0] <= now:
-            entry = heapq.heappop(self._leaving)
-            if self._leaves(entry):
-                state = self._programs[entry[2]]
-                state.leaves_at = math.inf
-                self._leave_working_set(state)
-
-    def use_host_tier(self, stay_s: Callable[[str], float]) -> None:
-        """A host tier keeps the KV of a program out on a tool unpinned: the program stays in the
-        working set up to ``HOST_TIER_WORKING_SET_WINDOW_S``, or for ``stay_s(tool)`` if shorter."""
-        self.working_set_window_s = HOST_TIER_WORKING_SET_WINDOW_S
-        self.stay_s = stay_s
 
     def let_go(self, program_id: str) -> None:
         """The policy decided not to keep the program's KV while it is out on a tool call: it
@@ -286,18 +254,8 @@ class ProgramRegistry:
         expected = self.expected_final_context
         reserved = sum(max(self._programs[pid].context_tokens, expected) for pid in self._working)
         assert self.reserved_tokens() == reserved, "reserved tokens out of date"
-        assert len(self._leaving) <= 2 * len(self._programs) + 64, "leaving heap over its bound"
-        leaving = {pid for _, _, pid in self._leaving}
-        for pid, s in self._programs.items():
-            if s.leaves_at < math.inf:
-                assert s.in_flight == 0 and pid in leaving, f"{pid} due to leave, with no entry"
 
     # -- internals -----------------------------------------------------------------------
-    def _leaves(self, entry: tuple[float, int, str]) -> bool:
-        """Whether a heap entry is its program's current one (not since back, ended or forgotten)."""
-        state = self._programs.get(entry[2])
-        return state is not None and state.leaves_at == entry[0]
-
     def _touch(self, state: ProgramState, now: float) -> None:
         state.last_seen = max(state.last_seen, now)
         self._programs.move_to_end(state.program_id)

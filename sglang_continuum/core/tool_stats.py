@@ -19,7 +19,6 @@ from typing import Iterable, Optional
 import numpy as np
 
 UNKNOWN_TOOL = "unknown"
-COLD_START_K = 100  # samples needed before an empirical CDF is trusted (the paper's K)
 
 
 class SampleWindow:

@@ -728,33 +728,3 @@ def test_a_turn_of_an_ended_program_touches_nothing_of_its_successor():
     assert c.turn_finished(turn("p"), context_tokens=10, handle="h-new", tag=new).pin is not None
     assert c.programs.get("p").in_flight == 0
     c.check_integrity()
-
-
-def test_with_a_host_tier_a_program_out_on_a_tool_it_is_seldom_soon_back_from_gives_its_room_up():
-    # recorded Claude Code: half the waits for a person run past 2 minutes (p90 18 min), nine tool
-    # calls in ten are back within 66 s. Recency cannot tell the two apart; the tools' own times can:
-    # the program waiting on a person leaves the working set as soon as it is no longer likely back
-    # within the window, and the new program it held back is let in
-    from sglang_continuum.core.offload import ReloadCost
-
-    c, clock = make(fixed_ttl_s=0.0)
-    c.attach_host_tier(reload=ReloadCost(bytes_per_token=1000, bytes_per_s=1e9), host_budget_tokens=1000, hold_cost=0.5)
-    for i in range(101):  # the statistics the door reads: the cost model's K samples per tool
-        c.stats.record("ask_user", [20.0, 300.0, 900.0, 3000.0][i % 4])  # 1 in 4 back within 120 s
-        c.stats.record("bash", [2.0, 5.0, 60.0][i % 3])
-    c.turn_admitted(c.turn_arrived(turn("asks")), 600)
-    c.turn_finished(turn("asks", tool="ask_user"), context_tokens=700, handle="h")
-    new = c.turn_arrived(turn("new"))
-    assert c.holds_back(new, 400, 1000)  # 700 + 400 > 1000 until the next step looks
-    c.step(lambda pid: False)
-    assert c.programs.working_set_tokens == 0 and not c.holds_back(new, 400, 1000)
-
-    c.turn_admitted(new, 400)
-    c.turn_finished(turn("new", tool="bash"), context_tokens=800, handle="h")
-    clock.advance(59.0)  # a bash call is likely back until every one seen has been (60 s)
-    c.step(lambda pid: False)
-    assert c.programs.working_set_tokens == 800
-    clock.advance(1.0)
-    c.step(lambda pid: False)
-    assert c.programs.working_set_tokens == 0
-    c.programs.check_integrity()

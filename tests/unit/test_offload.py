@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from sglang_continuum.core.cost_model import CostModelTTL, PrefillProfile
 from sglang_continuum.core.metadata import ProgramMeta
-from sglang_continuum.core.offload import LikelyBack, ReloadCost, host_ttl, likely_back_s, remaining_samples
+from sglang_continuum.core.offload import ReloadCost, host_ttl, remaining_samples
 from sglang_continuum.core.settings import ContinuumSettings
 from sglang_continuum.core.tool_stats import ToolStats
 from sglang_continuum.core.ttl import TTLQuery
@@ -176,50 +176,3 @@ def test_host_budget_sheds_latest_program_first():
     late = c.offload(pins[1])  # 600 + 600 > 1000: the later program is refused
     assert late.pin is None and [p.program_id for p in c.host_pins] == ["early"]
     c.host_pins.check_integrity()
-
-
-def test_likely_back_is_the_first_time_a_return_within_the_horizon_is_no_longer_likely():
-    s = np.array([1.0, 2.0, 3.0])
-    assert likely_back_s(s, 120.0) == 3.0  # every call seen has returned by 3 s
-    assert likely_back_s(s, 120.0, return_p=0.4) == 0.0  # most programs never come back from it
-    assert likely_back_s(np.array([200.0, 300.0]), 120.0) == 0.0  # none back within 120 s of leaving
-    assert likely_back_s(np.empty(0), 120.0) == math.inf
-    # a person: half come back within 2 minutes, then the tail is long
-    person = np.array([10.0, 30.0, 60.0, 100.0, 150.0, 400.0, 1000.0, 3000.0])
-    assert likely_back_s(person, 120.0) == 10.0  # 4 of 8 back within 120 s; 10 s on, 3 of the 7 out
-    assert likely_back_s(person, 90.0) == 0.0  # 3 of 8 back within 90 s
-    # fast calls with a tail: likely back while inside the bulk
-    tool = np.array([3.0] * 80 + [7.0] * 10 + [60.0] * 5 + [600.0] * 5)
-    assert likely_back_s(tool, 120.0) == 60.0  # out longer than 60 s: 5 of 5 still out need 600 s
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    samples=st.lists(st.floats(0.0, 1000.0), min_size=1, max_size=30),
-    horizon=st.floats(1.0, 300.0),
-    return_p=st.floats(0.05, 1.0),
-)
-def test_likely_back_is_the_first_elapsed_time_where_the_definition_fails(samples, horizon, return_p):
-    s = np.sort(np.array(samples))
-    leave = likely_back_s(s, horizon, return_p)
-
-    def likely(e: float) -> bool:  # P(e < T <= e + h | T > e) >= 1/2 straight from the definition
-        out = s.size - return_p * np.sum(s <= e)  # times s.size, so that ties at 1/2 are exact
-        back = return_p * np.sum((s > e) & (s <= e + horizon))
-        return bool(out > 0 and 2 * back >= out)
-
-    grid = np.unique(np.concatenate(([0.0], s, np.clip(s - horizon, 0, None), s + 0.5, s - horizon + 0.5)))
-    assert all(likely(e) for e in grid[(grid >= 0) & (grid < leave)])  # likely back until it leaves
-    assert leave == math.inf or not likely(leave)  # and it leaves at the first moment it is not
-
-
-def test_likely_back_reads_the_tool_once_it_has_enough_times_else_the_global_ones():
-    stats = ToolStats()
-    back = LikelyBack(stats, 120.0, min_samples=10)
-    assert back("ask") == math.inf  # no opinion before any times
-    for _ in range(10):
-        stats.record("bash", 2.0)
-    assert back("ask") == 2.0  # the global times: every call back by 2 s
-    for _ in range(10):
-        stats.record("ask", 500.0)
-    assert back("ask") == 0.0 and back("bash") == 2.0
