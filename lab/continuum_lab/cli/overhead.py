@@ -30,6 +30,7 @@ per batch of requests is compared.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -389,7 +390,7 @@ def bench_arrival_match(model_path: str, prompts: tuple[int, ...] = (32_768, 131
     rng = random.Random(0)
     cache = make_cache(sum(prompts) + 4096, settings=ContinuumSettings(pin_budget_fraction=0.0))  # nothing pinned
     driver = TurnDriver(cache)
-    rows, made = [], iter(range(10**9))
+    rows, made = [], itertools.count()
     for n in prompts:
         pid = f"long{n}"
         context = [rng.randrange(5, 500) for _ in range(n)]
