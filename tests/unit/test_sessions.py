@@ -73,6 +73,12 @@ def test_window_figures_count_only_the_window_and_a_waiting_turn_with_its_wait_s
     assert f["longest_first_turn_wait_s"] == pytest.approx(108.0) and f["longest_wait_s"] == pytest.approx(108.0)
     assert f["first_turns_waiting_at_end"] == 1
     assert f["host_loaded_tokens_in_window"] == 300
+    # time averages over [10, 110): a admitted from 1 s and b from 6 s, neither ended (100 s each); c
+    # never; running a1 (21-25 s) and a2 (33-40 s), b0 for 5 of its 9 s; b1 waits its last 30 s
+    assert f["sessions_admitted_mean"] == pytest.approx(2.0)
+    assert f["turns_running_mean"] == pytest.approx((4 + 7 + 5) / 100)
+    assert f["running_turn_prompt_tokens"] == pytest.approx((4 * 1100 + 7 * 1200 + 5 * 500) / 16)
+    assert f["returning_turns_waiting_mean"] == pytest.approx((1 + 3 + 30) / 100)
 
 
 def _run(policy, n, seed, tps, p90=1.0):

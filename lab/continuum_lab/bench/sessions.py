@@ -14,6 +14,9 @@ up there, which is where a KV policy can win or lose.
   replay's records. A turn still waiting at the window's end counts with the time it had waited
   (a lower bound), and the longest waits count every turn that waited during the window, sent
   before it or in it: a policy that parks sessions cannot hide them by never serving them.
+  Time averages over the window say where the throughput goes: sessions admitted (first token of
+  their first turn to their end), turns in the running batch (first token to finish) and their
+  prompts, and returning turns waiting (sent, no first token yet).
 """
 
 from __future__ import annotations
@@ -76,6 +79,11 @@ def _pct(values: Sequence[float], q: float) -> Optional[float]:
     return float(np.percentile(values, q)) if len(values) else None
 
 
+def _time_mean(spans: list[tuple[float, float, float]], lo: float, hi: float) -> float:
+    """The mean over ``[lo, hi)`` of the sum of weighted spans ``(start, end, weight)``."""
+    return sum(w * max(0.0, min(end, hi) - max(start, lo)) for start, end, w in spans) / (hi - lo)
+
+
 def window_figures(result: ReplayResult, protocol: SessionsProtocol, counters: Optional[dict] = None) -> dict:
     """Figures over the window. ``counters``: the engine's cumulative counters (host tokens loaded
     and written, busy seconds) at the window's start and end (``{"start": {...}, "end": {...}}``)."""
@@ -83,9 +91,16 @@ def window_figures(result: ReplayResult, protocol: SessionsProtocol, counters: O
     finished, sent = [], []
     waits = []  # (seconds waited by the window's end or until admitted, turn index): turns waiting in the window
     reprefilled = 0
+    admitted_spans, running, returns_waiting = [], [], []  # (start, end, weight) for the time averages
     for program in result.programs:
+        if program.turns and program.turns[0].first_token is not None:
+            admitted_spans.append((program.turns[0].first_token, hi if program.end is None else program.end, 1))
         previous = None
         for t in program.turns:
+            if t.first_token is not None and t.error is None:
+                running.append((t.first_token, hi if t.finish is None else t.finish, t.prompt_tokens))
+            if t.turn > 0 and t.error is None:
+                returns_waiting.append((t.send, hi if t.first_token is None else t.first_token, 1))
             if lo <= t.send < hi:
                 sent.append(t)
             admitted = None if t.queue_time_s is None else t.send + t.queue_time_s
@@ -103,6 +118,7 @@ def window_figures(result: ReplayResult, protocol: SessionsProtocol, counters: O
     host = sum(t.cached_host_tokens for t in finished)
     in_server = [t.finish - t.send for t in finished]
     hours = protocol.window_s / 3600.0
+    turns_running = _time_mean([(a, b, 1) for a, b, _ in running], lo, hi)
     figures = {
         "turns_finished": len(finished),
         "turns_sent": len(sent),
@@ -124,6 +140,10 @@ def window_figures(result: ReplayResult, protocol: SessionsProtocol, counters: O
         "longest_first_turn_wait_s": max((w for w, turn in waits if turn == 0), default=None),
         "longest_later_turn_wait_s": max((w for w, turn in waits if turn > 0), default=None),
         "first_turns_waiting_at_end": sum(1 for p in result.programs if p.turns and p.turns[0].queue_time_s is None),
+        "sessions_admitted_mean": _time_mean(admitted_spans, lo, hi),
+        "turns_running_mean": turns_running,
+        "running_turn_prompt_tokens": _time_mean(running, lo, hi) / turns_running if turns_running else None,
+        "returning_turns_waiting_mean": _time_mean(returns_waiting, lo, hi),
     }
     if counters is not None and "start" in counters and "end" in counters:
         start, end = counters["start"], counters["end"]

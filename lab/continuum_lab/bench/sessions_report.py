@@ -31,8 +31,14 @@ COLUMNS = (
     ("host_loaded_tokens_in_window", "host loads Mtok", "{:.1f}"),
     ("longest_wait_s", "longest wait s", "{:.1f}"),
     ("first_turns_waiting_at_end", "first turns waiting at end", "{:.0f}"),
+    # time averages over the window: where the throughput goes
+    ("sessions_admitted_mean", "sessions admitted", "{:.1f}"),
+    ("turns_running_mean", "turns running", "{:.1f}"),
+    ("running_turn_prompt_tokens", "their prompts ktok", "{:.0f}"),
+    ("returning_turns_waiting_mean", "returns waiting", "{:.1f}"),
 )
 MEGA = {"reprefilled_tokens", "host_loaded_tokens_in_window"}
+KILO = {"running_turn_prompt_tokens"}
 
 
 def _tier(policy: str) -> str:
@@ -43,7 +49,7 @@ def _figure(run: dict, key: str) -> Optional[float]:
     value = run["figures"].get(key)
     if value is None:
         return None
-    return value / 1e6 if key in MEGA else float(value)
+    return value / 1e6 if key in MEGA else value / 1e3 if key in KILO else float(value)
 
 
 def _median(values: list) -> Optional[float]:
