@@ -2,10 +2,8 @@
 # Recorded agents at fixed session concurrency past the KV cliff (issue 40), EMULATED on the H100 +
 # Llama-3.1-8B profile with its real pool (454k tokens) and a 200 GB host tier (1.53M tokens).
 # Every figure is a PREDICTION. Reports: docs/results/recorded-sessions/*/report.md.
-#   bash scripts/recorded_sessions.sh [OUT]     (default docs/results/recorded-sessions; ~2.9 h on 2 cores alone)
+#   bash scripts/recorded_sessions.sh [OUT]     (default docs/results/recorded-sessions; ~2.5 h on 2 cores alone)
 # Per-run files land in RUNS (default /tmp/recorded-sessions) and are not committed.
-# The committed reports ran the emulator's serial loop; today it runs SGLang's overlap loop, as a
-# server does (lab/continuum_lab/emulator/README.md), so a re-run gives the overlap figures.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
