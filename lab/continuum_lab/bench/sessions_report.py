@@ -37,8 +37,8 @@ COLUMNS = (
     ("running_turn_prompt_tokens", "their prompts ktok", "{:.0f}"),
     ("returning_turns_waiting_mean", "returns waiting", "{:.1f}"),
 )
-MEGA = {"reprefilled_tokens", "host_loaded_tokens_in_window"}
-KILO = {"running_turn_prompt_tokens"}
+# figures reported in millions or thousands of tokens
+UNITS = {"reprefilled_tokens": 1e6, "host_loaded_tokens_in_window": 1e6, "running_turn_prompt_tokens": 1e3}
 
 
 def _tier(policy: str) -> str:
@@ -49,7 +49,7 @@ def _figure(run: dict, key: str) -> Optional[float]:
     value = run["figures"].get(key)
     if value is None:
         return None
-    return value / 1e6 if key in MEGA else value / 1e3 if key in KILO else float(value)
+    return value / UNITS.get(key, 1.0)
 
 
 def _median(values: list) -> Optional[float]:
