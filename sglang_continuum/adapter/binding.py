@@ -199,6 +199,7 @@ class SchedulerBinding:
             getattr(scheduler, "tokenizer", None), getattr(scheduler.server_args, "tool_call_parser", None)
         )
         cache.program_waiting = self.program_waiting
+        cache.program_taken = self.admission.taken.__contains__
         self._sglang = {
             name: getattr(scheduler, name)
             for name in (

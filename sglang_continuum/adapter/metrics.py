@@ -16,7 +16,7 @@ TTL_BUCKETS = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 def gauge_values(
     controller: ContinuumController, *, held_back: int = 0, oldest_wait_s: float = 0.0, stats_peers: int = 0
 ) -> dict[str, float]:
-    pins, host = controller.pins, controller.host_pins
+    pins, host = controller.pins, controller.host.pins
     return {
         "pinned_programs": len(pins),
         "pinned_tokens": pins.pinned_tokens,
@@ -74,7 +74,7 @@ class ContinuumMetrics:
     ) -> None:
         groups = {
             "counters": controller.counters,
-            "host": controller.host_counters,
+            "host": controller.host.counters,
             "admission": controller.admission,
             "sheds": controller.sheds,
             "programs": controller.program_counters,

@@ -28,6 +28,13 @@ _REFUSED = (
         "its per-selection all_gather would be re-run on one rank when admission is retried after shedding",
     ),
     (
+        "pp_size",
+        1,
+        "--pp-size",
+        "pipeline stages each run the scheduler on their own clock and statistics, so pins could expire and turns "
+        "be admitted at different steps on different stages, which must build identical batches",
+    ),
+    (
         "disaggregation_mode",
         "null",
         "--disaggregation-mode",

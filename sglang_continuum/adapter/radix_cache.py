@@ -66,6 +66,8 @@ class ContinuumRadixCache(UnifiedRadixCache):
         self.host_tier: Optional[HostTier] = None  # set by init_hicache
         # whether a program has a turn in the waiting queue (set by the binding; None: unknown)
         self.program_waiting: Optional[Callable[[str], bool]] = None
+        # whether the prefill selection under way took a turn of a program (set by the binding)
+        self.program_taken: Optional[Callable[[str], bool]] = None
         self.lifecycle = RequestLifecycle()  # SGLang's live requests that the plugin has seen
         super().__init__(params)
         self.settings = settings or ContinuumSettings.load()
@@ -178,7 +180,12 @@ class ContinuumRadixCache(UnifiedRadixCache):
             self.lifecycle.requeued(req.rid)
             self.controller.turn_requeued(live.tag, waiting_ahead=waiting_ahead)
             return live.tag
-        meta = read_program_meta(req, self.report_malformed)
+        if _aborted(req):
+            # SGLang aborted it before it could run (prompt over the pool's limit, session not
+            # found, ...): an error on its way to the client, nobody's turn and never held back
+            meta = ProgramMeta()
+        else:
+            meta = read_program_meta(req, self.report_malformed)
         # SGLang's own health probes (/health_generate) are nobody's turn: never remembered
         if not meta.has_program and self.inference is not None and not req.rid.startswith(HEALTH_CHECK_RID_PREFIX):
             meta = self.inference.attribute(req)
@@ -224,17 +231,28 @@ class ContinuumRadixCache(UnifiedRadixCache):
             if live is not None:  # aborted while waiting (client gone, /abort_request), or a chunked request
                 self.abort_turn(live.tag.meta, live.tag)
 
+    def claim_kv_row(self, req: Req) -> bool:
+        """A streaming session (``--enable-streaming-session``) keeps a finished or retracted
+        turn's KV row for its next turn, and SGLang then skips ``on_release``: the turn leaves
+        here instead. Nothing is pinned for it: the session holds the KV."""
+        claimed = super().claim_kv_row(req)
+        if claimed and self.controller is not None:
+            self._turn_left(req, checkpointed=True, node=None)
+        return claimed
+
     def on_release(self, req: Req, *, checkpointed: bool) -> None:
         super().on_release(req, checkpointed=checkpointed)
-        if self.controller is None:
-            return
-        aborted = isinstance(req.finished_reason, FINISH_ABORT) or isinstance(
-            getattr(req, "to_finish", None), FINISH_ABORT
-        )
+        if self.controller is not None:
+            self._turn_left(req, checkpointed=checkpointed, node=req.last_node)
+
+    def _turn_left(self, req: Req, *, checkpointed: bool, node) -> None:
+        """``req`` gave its KV back (to the tree at ``node``, or to a session: None): it finished,
+        was aborted, or was retracted and queues again."""
+        aborted = _aborted(req)
         if not (req.finished() or aborted):  # retracted: it queues again; its pin must not hold memory meanwhile
             live = self.lifecycle.get(req.rid)
             if live is not None:
-                self._release(self.controller.turn_retracted(live.tag.meta))
+                self._release(self.controller.turn_retracted(live.tag))
             return
         live = self.lifecycle.left(req.rid)
         if live is None:
@@ -242,14 +260,14 @@ class ContinuumRadixCache(UnifiedRadixCache):
         tag = live.tag
         done = checkpointed and not aborted
         if not tag.meta.has_program:
-            if done and self.inference is not None:
+            if done and node is not None and self.inference is not None:
                 self.inference.provisional_finished(req)  # its next turn, if any, makes it a program
             return
         if done:
             # decoding the output to find the tool is skipped when the client named it or no pin follows
             parse = not (tag.meta.tool_name or tag.meta.is_last_step)
             tool = self.identify_tool(req) if parse else None
-            self.finish_turn(tag.meta, req.last_node, context_tokens(req), tool, tag=tag)
+            self.finish_turn(tag.meta, node, context_tokens(req), tool, tag=tag)
             if self.inference is not None and is_inferred(tag.meta):
                 self.inference.turn_finished(tag.meta, req)
         else:
@@ -269,8 +287,9 @@ class ContinuumRadixCache(UnifiedRadixCache):
     def finish_turn(
         self, meta: ProgramMeta, node, tokens: int, tool: Optional[str], *, tag: Optional[TurnTag] = None
     ) -> Optional[Pin]:
-        """A turn's context is in the tree at ``node`` (``tokens`` long): pin it or not."""
-        handle = None if meta.is_last_step else self.lock(node)
+        """A turn's context is in the tree at ``node`` (``tokens`` long; None: a streaming session
+        holds it): pin it or not."""
+        handle = None if meta.is_last_step or node is None else self.lock(node)
         outcome = self.controller.turn_finished(meta, context_tokens=tokens, tool=tool, handle=handle, tag=tag)
         if outcome.pin is None and handle is not None:
             self.unlock(handle)
@@ -392,7 +411,7 @@ class ContinuumRadixCache(UnifiedRadixCache):
         tree = self.tree_core
         for pin in self.controller.pins:  # a locked node is never evicted from the device
             assert not tree.is_full_device_evicted(pin.handle.node), f"pinned prefix of {pin.program_id} evicted"
-        for pin in self.controller.host_pins:
+        for pin in self.controller.host.pins:
             assert pin.handle is None or tree.is_backuped(pin.handle.node), f"host pin of {pin.program_id} not on host"
         assert self.protected_size() >= (max((p.tokens for p in self.controller.pins), default=0)), "pins unprotected"
         if envs.SGLANG_ENABLE_TREE_CACHE_SANITY_CHECK.get():
@@ -414,11 +433,12 @@ class ContinuumRadixCache(UnifiedRadixCache):
             return allocator.available_size() >= target
 
         # An allocation that cannot be served must never wait on a pin: shed (pins whose next turn
-        # is not waiting first), then evict again.
+        # is not waiting first), then evict again. Never the pin of a turn the selection under way
+        # took: it frees nothing that turn's own lock does not hold.
         while not satisfied():
             pin = self.controller.shed("alloc", spare_waiting=self.program_waiting)
             if pin is None:
-                pin = self.controller.shed("alloc")
+                pin = self.controller.shed("alloc", spare_waiting=self.program_taken)
             if pin is None:
                 break
             self._release([pin], offload=True, sync=True)
@@ -487,9 +507,13 @@ class ContinuumRadixCache(UnifiedRadixCache):
             logger.exception("continuum: offloading program=%s failed; releasing without a host copy", pin.program_id)
             lock = None
         if lock is None:
-            self.controller.offload_failed(host)
+            self.controller.host.offload_failed(host)
             return
-        self.controller.offloaded(host, lock)
+        self.controller.host.offloaded(host, lock)
         logger.debug(
             "continuum: offloaded program=%s tokens=%d host_ttl=%.3fs", pin.program_id, pin.tokens, outcome.ttl
         )
+
+
+def _aborted(req: Req) -> bool:
+    return isinstance(req.finished_reason, FINISH_ABORT) or isinstance(getattr(req, "to_finish", None), FINISH_ABORT)

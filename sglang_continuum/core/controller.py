@@ -6,9 +6,8 @@ driven by events (turn arrived / admitted / finished / aborted / retracted, sche
 cache reset) and answers with pins to create or release; engine objects appear only as opaque
 handles that the adapter locks and unlocks.
 
-With a host tier (HiCache) a second pin table holds host pins: a device pin that expires or is
-shed before its program returns is offloaded (``offload``) and its host copy protected for a host
-TTL; host pins end like device pins (next turn admitted, last step, abort, expiry, budget).
+With a host tier (HiCache) ``host`` (``core/host_pins.py``) decides which device pins that end
+before their program returns keep a protected host copy, and for how long.
 
 Which queue order and which TTL model it runs is its ``Rules`` (``core/rules.py``): the product's
 by default, a lab variant's by name.
@@ -27,7 +26,6 @@ from sglang_continuum.core.clock import Clock
 from sglang_continuum.core.counters import (
     SHED_REASONS,
     AdmissionCounters,
-    HostCounters,
     IdentityCounters,
     PinCounters,
     ProgramCounters,
@@ -35,6 +33,7 @@ from sglang_continuum.core.counters import (
     counter_values,
 )
 from sglang_continuum.core.metadata import ProgramMeta
+from sglang_continuum.core.host_pins import HostPins
 from sglang_continuum.core.offload import ReloadCost
 from sglang_continuum.core.pins import Pin, PinTable, Tier
 from sglang_continuum.core.priority import Waiting, context_gone
@@ -71,14 +70,12 @@ class ContinuumController:
         self.silence = Silence(self.stats, self.programs)  # programs whose clients announce no ends
         self.pins = PinTable(budget_tokens)
         self.counters = PinCounters()
-        self.host_pins = PinTable(0)  # empty budget until attach_host_tier
-        self.host_counters = HostCounters()
+        self.host = HostPins(self.programs, self.timings, clock, offload_to_host=settings.offload_to_host)
         self.admission = AdmissionCounters()
         self.sheds = ShedCounters()
         self.program_counters = ProgramCounters()
         self.identity = IdentityCounters()
         self._terminal_tools = frozenset(settings.terminal_tools)
-        self.reload_cost: Optional[ReloadCost] = None
         self.ttl_model: TTLModel = self.rules.ttl_model(settings, self.stats)
         self._rank = itertools.count(1)
         # each tool sample recorded here is also handed to this (a StatsExchange's record)
@@ -92,8 +89,7 @@ class ContinuumController:
     def attach_host_tier(self, *, reload: ReloadCost, host_budget_tokens: int, hold_cost: float) -> None:
         """HiCache is on: misses reload instead of recomputing, and host pins may hold
         ``host_budget_tokens`` of the host pool."""
-        self.reload_cost = reload
-        self.host_pins = PinTable(host_budget_tokens)
+        self.host.attach(reload, host_budget_tokens)
         self.ttl_model.use_host_tier(reload, hold_cost, self.timings.max_host_ttl_s)
         # a program out on a tool keeps its KV on host, pinned or not: its room is kept longer
         self.programs.working_set_window_s = HOST_TIER_WORKING_SET_WINDOW_S
@@ -174,7 +170,7 @@ class ContinuumController:
         if not probe:
             self.bounded.admitted(context_tokens, cached_tokens or 0)
         self.admission.overdue_admitted += overdue
-        if pid is None:
+        if pid is None or not self._current(tag.meta, tag):
             return None
         state = self.programs.turn_admitted(pid, now, context_tokens)
         lost = state is not None and state.pin_lost_waiting
@@ -228,7 +224,7 @@ class ContinuumController:
             return out
         if handle is not None and context_tokens > 0:
             self._pin(out, state, tool, context_tokens, handle, now)
-        if out.pin is None and self.reload_cost is None:
+        if out.pin is None and not self.host.attached:
             # no room is kept for KV the policy itself lets go; with a host tier the KV waits
             # there, and the program stays in the working set while it is seen
             self.programs.let_go(pid)
@@ -282,12 +278,12 @@ class ContinuumController:
         self._end_program(state, stranded=True)
         return released
 
-    def turn_retracted(self, meta: ProgramMeta) -> list[Pin]:
+    def turn_retracted(self, tag: TurnTag) -> list[Pin]:
         """Retraction: the turn goes back to the queue; its program's device pin (if any) must
         not hold memory meanwhile. Host copies stay (the turn will want them)."""
-        if not meta.has_program:
+        if not tag.meta.has_program or not self._current(tag.meta, tag):
             return []
-        pin = self.pins.pop(meta.program_id)
+        pin = self.pins.pop(tag.meta.program_id)
         if pin is None:
             return []
         self.counters.released += 1
@@ -302,8 +298,11 @@ class ContinuumController:
         hold = self._wait_hold(program_waiting)
         plan.expired = self.pins.pop_expired(now, hold)
         self.counters.expired += len(plan.expired)
-        if self.reload_cost is None:  # (with a host tier its KV waits there, as above)
-            for pin in plan.expired:  # the program did not come back within its TTL
+        for pin in plan.expired:
+            state = self.programs.get(pin.program_id)
+            if state is not None and state.in_flight > 0:  # its turn still waits: its wait is a sample of T
+                state.pin_lost_waiting = True
+            if not self.host.attached:  # not back within its TTL (with a host tier its KV waits there)
                 self.programs.let_go(pin.program_id)
         self.programs.forget_idle(now)
         for state in self.programs.drain_forgotten():
@@ -318,8 +317,7 @@ class ContinuumController:
             self.program_counters.presumed_ended += 1
             self._drop_program(state, plan)
             self.silence.presumed(state)
-        plan.host_expired = self.host_pins.pop_expired(now, hold)
-        self.host_counters.host_expired += len(plan.host_expired)
+        plan.host_expired = self.host.expire(now, hold)
         return plan
 
     def shed(
@@ -378,7 +376,7 @@ class ContinuumController:
         """The engine dropped its whole cache (``/flush_cache``): every pin's node is gone, so
         pins are dropped without unlocking and counted as flushed."""
         self.counters.flushed += len(self.pins.clear())
-        self.host_counters.host_released += len(self.host_pins.clear())
+        self.host.clear()
         self.admission_control.return_loss.reset()  # the flush, not the load, took those contexts
 
     # -- queue order and admission -------------------------------------------------------
@@ -424,57 +422,16 @@ class ContinuumController:
         admission is recorded (``turn_admitted``, after the batch is formed)."""
         return self.admission_control.reservation(tag, request_tokens)
 
-    # -- host tier -----------------------------------------------------------------------
+    # -- host tier (core/host_pins.py) ---------------------------------------------------------
     def offload(self, pin: Pin) -> FinishOutcome:
-        """A device pin expired or was shed while its program is still out on a tool call:
-        decide whether to protect its host copy, and for how long. ``out.pin`` is the new host
-        pin (the adapter takes the host lock and calls ``offloaded``); ``out.release`` are host
-        pins pushed out of the host budget."""
-        out = FinishOutcome()
-        if self.reload_cost is None or not self.settings.offload_to_host or pin.tier is not Tier.DEVICE:
-            return out
-        state = self.programs.get(pin.program_id)
-        if state is None or state.last_finish is None:
-            return out  # the program is gone
-        now = self.clock()
-        elapsed = now - state.last_finish
-        if state.pending_tool is None:
-            # its next turn already arrived and waits (shed under pressure): keep the host copy
-            # until that turn is admitted, which releases it
-            ttl = self.timings.max_wait_hold_s if state.in_flight > 0 else 0.0
-        else:
-            ttl = self.ttl_model.host_ttl(TTLQuery(state.pending_tool, pin.tokens), elapsed)
-        ttl = min(float(ttl), self.timings.max_host_ttl_s)
-        out.ttl = ttl
-        if ttl <= 0:
-            return out
-        host = Pin(pin.program_id, pin.tokens, now + ttl, pin.arrival_rank, now, tier=Tier.HOST)
-        stored, released = self.host_pins.add(host)
-        if stored:
-            out.pin = host
-        self.host_counters.host_released += len(released)
-        out.release = released
-        return out
-
-    def offloaded(self, host: Pin, handle: object) -> None:
-        """The host copy for ``host`` (made by ``offload``) is protected by ``handle``."""
-        host.handle = handle
-        self.host_counters.offloaded += 1
-
-    def offload_failed(self, host: Pin) -> None:
-        """No host copy could be protected for ``host`` (made by ``offload``): forget it."""
-        if self.host_pins.get(host.program_id) is host:
-            self.host_pins.pop(host.program_id)
-        self.host_counters.offload_failed += 1
+        """A device pin ended before its program returned: whether its host copy is kept, how long."""
+        return self.host.offload(pin, self.ttl_model)
 
     def host_returned(self, tag: TurnTag, loaded_tokens: int) -> list[Pin]:
         """A later turn was admitted: count what came back from host and release the host pin."""
-        if not tag.meta.has_program:
+        if not tag.meta.has_program or not self._current(tag.meta, tag):
             return []
-        if loaded_tokens > 0:
-            self.host_counters.host_hits += 1
-            self.host_counters.host_hit_tokens += loaded_tokens
-        return self._drop_host(tag.meta.program_id)
+        return self.host.returned(tag.meta.program_id, loaded_tokens)
 
     # -- warm start ----------------------------------------------------------------------
     def snapshot(self) -> dict:
@@ -487,12 +444,8 @@ class ContinuumController:
             "signals": self.ttl_model.signals(),
             "pins": {"live": len(self.pins), "tokens": self.pins.pinned_tokens, "budget": self.pins.budget_tokens},
             "counters": counter_values(self.counters),
-            "host_pins": {
-                "live": len(self.host_pins),
-                "tokens": self.host_pins.pinned_tokens,
-                "budget": self.host_pins.budget_tokens,
-            },
-            "host_counters": counter_values(self.host_counters),
+            "host_pins": self.host.snapshot(),
+            "host_counters": counter_values(self.host.counters),
             "admission": counter_values(self.admission),
             "sheds": counter_values(self.sheds),
             "programs": counter_values(self.program_counters),
@@ -520,7 +473,7 @@ class ContinuumController:
         """Cross-structure invariants; raises AssertionError. Run after every operation in the
         property tests, and at idle while serving with ``SGLANG_CONTINUUM_CHECK_INTEGRITY=1``."""
         self.pins.check_integrity()
-        self.host_pins.check_integrity()
+        self.host.check_integrity(self.pins)
         self.programs.check_integrity()
         self.stats.check_integrity()
         self.admission_control.check_integrity()
@@ -530,10 +483,6 @@ class ContinuumController:
             assert pin.tier is Tier.DEVICE, "host pin in the device table"
             assert pin.program_id in self.programs, f"pin outlives its program {pin.program_id}"
             assert pin.handle is not None, "device pin without an engine lock"
-        for pin in self.host_pins:
-            assert pin.tier is Tier.HOST, "device pin in the host table"
-            assert pin.program_id in self.programs, f"host pin outlives its program {pin.program_id}"
-            assert pin.program_id not in self.pins, f"{pin.program_id} pinned on device and host at once"
         c = self.counters
         assert c.hits + c.expired + c.shed + c.released + c.flushed + len(self.pins) == c.created, "pin counters"
         assert self._pin_hits == sum(self._pin_outcomes), "pin survival window"
@@ -548,19 +497,12 @@ class ContinuumController:
 
     def _drop_pins(self, program_id: str) -> list[Pin]:
         """Release whatever the program holds (device pin, host pin)."""
-        released = self._drop_host(program_id)
+        released = self.host.drop(program_id)
         pin = self.pins.pop(program_id)
         if pin is not None:
             self.counters.released += 1
             released.append(pin)
         return released
-
-    def _drop_host(self, program_id: str) -> list[Pin]:
-        pin = self.host_pins.pop(program_id)
-        if pin is None:
-            return []
-        self.host_counters.host_released += 1
-        return [pin]
 
     def _drop_program(self, state: ProgramState, plan: StepPlan) -> None:
         """A program left the registry without a last step: what it held goes, and it ends stranded."""

@@ -118,7 +118,8 @@ def test_report_is_written(tiny_model, tmp_path):
 
 
 def test_chaos_leaves_nothing_behind_and_a_new_program_is_served(tiny_model, tmp_path):
-    """Overload with clients that give up, forced retractions and queue-limit rejections under
+    """Overload with clients that give up, forced retractions, queue-limit rejections, streaming
+    sessions and ids used again after ``/close_session`` (sometimes mid-turn) under
     SGLang's strict checks and the plugin's integrity checks: the gauges drain to 0, a fresh
     program is served in seconds, the server lives, and only the requests meant to fail failed."""
     ctx = quick_ctx(tiny_model, tmp_path, "--chaos-s", "12", "--chaos-clients", "12")
@@ -127,4 +128,5 @@ def test_chaos_leaves_nothing_behind_and_a_new_program_is_served(tiny_model, tmp
     [row] = res.details["seeds"]
     assert row["gauges_after"] == {"programs_in_flight": 0, "working_set_tokens": 0, "pinned_programs": 0}
     assert row["traffic"]["completed"] > 0 and row["traffic"]["gave_up"] + row["traffic"]["aborted"] > 0
+    assert row["traffic"]["sessions_opened"] > 0 and row["traffic"]["sessions_closed"] > 0
     assert row["fresh_first_turn_s"] < 10 and not row["server_died"]

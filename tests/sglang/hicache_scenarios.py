@@ -110,8 +110,8 @@ def expired_pin_goes_to_host_and_next_turn_loads_it_back(tiny_model, write_polic
         seen["node"] = pin.handle.node
         idle_steps(driver, TTL_S + 0.2)  # the pin expires while the tool runs: offloaded
         assert "P" not in cache.controller.pins
-        host = cache.controller.host_pins.get("P")
-        assert host is not None and cache.controller.host_counters.offloaded == 1
+        host = cache.controller.host.pins.get("P")
+        assert host is not None and cache.controller.host.counters.offloaded == 1
         cache.writing_check(write_back=True)  # let the backup land
         assert cache.tree_core.is_backuped(seen["node"])
         fill_device(driver, rng)
@@ -121,9 +121,9 @@ def expired_pin_goes_to_host_and_next_turn_loads_it_back(tiny_model, write_polic
     # served from host: loaded back, not recomputed (the last output token's KV never existed)
     assert turn2.host_loaded_length >= len(previous) - 1 - 8
     assert turn2.cached_tokens == len(previous) - 1
-    counters = cache.controller.host_counters
+    counters = cache.controller.host.counters
     assert counters.host_hits == 1 and counters.host_hit_tokens == turn2.host_loaded_length
-    assert len(cache.controller.host_pins) == 0  # the last step released the host copy
+    assert len(cache.controller.host.pins) == 0  # the last step released the host copy
     assert_nothing_held(cache)
 
 

@@ -7,6 +7,7 @@ program stays in flight; and the admission bugs a read of the core found stay fi
 
 import contextlib
 import random
+from typing import Optional
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -181,12 +182,90 @@ def test_an_overdue_first_turn_held_at_the_door_is_not_overtaken_by_smaller_ones
     drain(driver)
 
 
+def test_a_streaming_session_turn_leaves_when_the_session_keeps_its_kv(driver):
+    """With a streaming session SGLang's session claims a finished turn's KV row before
+    ``on_release``: the turn must leave the lifecycle there, with a decode running beside it so
+    the idle fallback never runs."""
+    from sglang.srt.managers.io_struct import CloseSessionReqInput, OpenSessionReqInput
+
+    s, cache = driver.s, driver.s.tree_cache
+    s.open_session(OpenSessionReqInput(session_id="stream", capacity_of_str_len=4096, streaming=True))
+    rng = random.Random(5)
+    busy = driver.submit(tokens(rng, 20), max_new_tokens=120)  # the scheduler never idles meanwhile
+    for _ in range(2):
+        rid = driver.submit(tokens(rng, 30), max_new_tokens=4, custom_params=meta("streamer"), session="stream")
+        for _ in range(20):
+            if driver.req(rid).finished():
+                break
+            driver.step()
+        driver.step()
+        assert driver.req(rid).finished() and not driver.req(busy).finished()
+        assert cache.lifecycle.get(rid) is None
+        assert cache.controller.programs.get("streamer").in_flight == 0
+        check(driver)
+    s.close_session(CloseSessionReqInput(session_id="stream"))
+    drain(driver)
+
+
+def test_a_request_sglang_aborts_before_it_runs_is_nobodys_turn(driver):
+    """A prompt over the pool's limit is aborted by SGLang as it arrives (a one-token stand-in
+    reaches the queue): it must not hit its program's pin, nor count as the program's turn, nor
+    wait at the door as a first turn."""
+    s, controller = driver.s, driver.s.tree_cache.controller
+    rng = random.Random(6)
+    ctx = tokens(rng, 200)
+    rid = driver.submit(ctx, max_new_tokens=4, custom_params=meta("aborted-early"))
+    driver.run_until_idle()
+    state = controller.programs.get("aborted-early")
+    pin, hits = controller.pins.get("aborted-early"), controller.counters.hits
+    assert pin is not None and state.turns_arrived == 1
+    busy = driver.submit(tokens(rng, 20), max_new_tokens=60)
+    driver.step()
+    too_long = ctx + driver.output_ids(rid) + tokens(rng, s.max_req_input_len)
+    again = driver.submit(too_long, max_new_tokens=4, custom_params=meta("aborted-early"))
+    fresh = driver.submit(tokens(rng, s.max_req_input_len + 5), max_new_tokens=4, custom_params=meta("new-too-long"))
+    driver.step()
+    driver.step()
+    assert driver.req(again).finished() and driver.req(fresh).finished() and not driver.req(busy).finished()
+    assert controller.counters.hits == hits and controller.pins.get("aborted-early") is pin
+    assert state.turns_arrived == 1 and state.context_tokens >= 200
+    assert "new-too-long" not in controller.programs
+    check(driver)
+    drain(driver)
+
+
+def test_the_last_resort_shed_for_an_allocation_spares_a_turn_the_selection_took(driver):
+    """``evict_for_alloc`` runs inside SGLang's selection, before the turns it took consume their
+    pins: even its last resort must not shed one of those (it frees nothing the turn's own lock
+    does not hold)."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    s, cache = driver.s, driver.s.tree_cache
+    controller = cache.controller
+    rng = random.Random(7)
+    for pid in ("taken", "other"):
+        driver.submit(tokens(rng, 100), max_new_tokens=4, custom_params=meta(pid))
+        driver.run_until_idle()
+    binding = s.policy.binding
+    binding.admission.taken.add("taken")
+    try:
+        cache.evict_for_alloc(EvictParams(num_tokens=cache.token_to_kv_pool_allocator.size * 2))
+    finally:
+        binding.admission.reset()
+    assert controller.pins.get("taken") is not None and controller.pins.get("other") is None
+    drain(driver)
+
+
 OPS = st.lists(
     st.one_of(
         st.tuples(st.just("submit"), st.integers(0, 5), st.integers(20, 300)),  # program (5: no id), tokens
         st.tuples(st.just("step"), st.integers(1, 3), st.just(0)),
         st.tuples(st.just("abort"), st.integers(0, 50), st.just(0)),  # any live request
         st.tuples(st.just("retract"), st.just(0), st.just(0)),
+        st.tuples(st.just("stream"), st.integers(0, 1), st.integers(20, 120)),  # a streaming session's turn
+        st.tuples(st.just("too_long"), st.integers(0, 4), st.just(0)),  # aborted by SGLang as it arrives
+        st.tuples(st.just("close"), st.integers(0, 4), st.just(0)),  # /close_session: the id may come back
+        st.tuples(st.just("pause"), st.just(0), st.just(0)),  # pause_generation(retract), flush, continue
     ),
     max_size=25,
 )
@@ -196,15 +275,37 @@ def run_script(driver, script) -> None:
     """Play ``script`` (``OPS``) on ``driver``: after every operation the plugin's live requests
     are SGLang's and each program's turns in flight are its live ones; once idle, nothing is in
     flight and every request that was taken in finished."""
-    from sglang.srt.managers.io_struct import AbortReq
+    from sglang.srt.managers.io_struct import (
+        AbortReq,
+        CloseSessionReqInput,
+        ContinueGenerationReqInput,
+        OpenSessionReqInput,
+        PauseGenerationReqInput,
+    )
 
     s = driver.s
     rng = random.Random(len(script))
     submitted, aborted = [], set()
+    sessions: dict[str, Optional[str]] = {}  # streaming sessions opened: their latest turn
     for op, a, b in script:
         if op == "submit":
             params = None if a == 5 else meta(f"prop-{a}")  # 5: a request with no program id
             submitted.append(driver.submit(tokens(rng, b), max_new_tokens=rng.randrange(2, 30), custom_params=params))
+        elif op == "stream":  # the session id is the program id: closing it ends both
+            sid = f"stream-{a}"
+            if sid not in sessions:
+                s.open_session(OpenSessionReqInput(session_id=sid, capacity_of_str_len=1 << 16, streaming=True))
+                sessions[sid] = None
+            last = sessions[sid]
+            if last is None or driver.req(last).finished():  # a streaming client sends one turn at a time
+                sessions[sid] = driver.submit(
+                    tokens(rng, b), max_new_tokens=rng.randrange(2, 12), custom_params=meta(sid), session=sid
+                )
+                submitted.append(sessions[sid])
+        elif op == "too_long":
+            driver.submit(tokens(rng, s.max_req_input_len + 1), custom_params=meta(f"prop-{a}"))
+        elif op == "close":
+            s.close_session(CloseSessionReqInput(session_id=f"prop-{a}"))
         elif op == "step":
             for _ in range(a):
                 driver.step()
@@ -216,7 +317,14 @@ def run_script(driver, script) -> None:
         elif op == "retract" and len(s.running_batch.reqs) >= 2:
             with retraction():
                 driver.step()
+        elif op == "pause" and not driver.overlap:  # the driver, not SGLang's result queue, holds overlap's batch
+            s.pause_generation(PauseGenerationReqInput(mode="retract"))
+            s.flush_cache()  # succeeds only if nothing runs: retracted turns wait through it
+            s.continue_generation(ContinueGenerationReqInput(torch_empty_cache=False))
         check(driver)
+    driver.run_until_idle()
+    for sid in sessions:  # a streaming session holds its last turn's KV until it closes
+        s.close_session(CloseSessionReqInput(session_id=sid))
     drain(driver)
     for rid in submitted:  # taken in and not aborted: finished (the engine dropped nothing)
         req = driver.reqs.get(rid)
@@ -226,6 +334,8 @@ def run_script(driver, script) -> None:
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(script=OPS)
 def test_every_path_out_keeps_the_plugin_in_step_with_sglang(driver, script):
-    """Random arrivals (some past the queue limit), steps, aborts of waiting and running requests
-    and forced retractions, on SGLang's serial loop (``run_script``)."""
+    """Random arrivals (some past the queue limit, some over the pool's limit), streaming-session
+    turns, steps, aborts of waiting and running requests, forced retractions, ``/close_session``
+    mid-turn and ids used again, pause-retract with a flush while paused, on SGLang's serial loop
+    (``run_script``)."""
     run_script(driver, script)

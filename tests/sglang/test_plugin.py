@@ -95,6 +95,7 @@ def test_server_tool_call_parser_names_tools_without_the_request_tool_list():
         ("enable_prefill_delayer", True, "--enable-prefill-delayer"),
         ("disaggregation_mode", "prefill", "--disaggregation-mode"),
         ("enable_priority_scheduling", True, "--enable-priority-scheduling"),
+        ("pp_size", 2, "--pp-size"),
     ],
 )
 def test_modes_the_binding_cannot_serve_stop_start_up_naming_the_flag(tiny_model, field, value, flag):

@@ -728,3 +728,46 @@ def test_a_turn_of_an_ended_program_touches_nothing_of_its_successor():
     assert c.turn_finished(turn("p"), context_tokens=10, handle="h-new", tag=new).pin is not None
     assert c.programs.get("p").in_flight == 0
     c.check_integrity()
+
+
+def test_a_leftover_turn_of_an_ended_program_neither_consumes_nor_releases_its_successors_pin():
+    # p's turn waits when p ends; the id is reused, the new p finishes a turn and pins it. The old
+    # turn's admission and retraction must leave the new pin and counts alone
+    c, _ = make()
+    old = c.turn_arrived(turn("p"))
+    c.end_program("p")
+    new = c.turn_arrived(turn("p"))
+    c.turn_admitted(new, 10)
+    assert c.turn_finished(turn("p"), context_tokens=10, handle="h-new", tag=new).pin is not None
+    assert c.turn_admitted(old, 10) is None and c.counters.hits == 0
+    assert c.turn_retracted(old) == [] and c.pins.get("p").handle == "h-new"
+    state = c.programs.get("p")
+    assert state.turns_admitted == 1 and state.context_tokens == 10
+    assert c.host_returned(old, 5) == [] and c.host.counters.host_hits == 0
+    c.check_integrity()
+
+
+def waits_sampled(c) -> list[float]:
+    observed = []
+    c.ttl_model.observe_queue_delay = observed.append
+    return observed
+
+
+def test_a_pin_that_expires_while_its_turn_waits_samples_the_wait_as_a_shed_one_does():
+    for end in ("expired", "shed"):
+        c, clock = make(fixed_ttl_s=2.0, max_wait_hold_s=1.0)
+        observed = waits_sampled(c)
+        c.turn_arrived(turn("p"))
+        c.turn_finished(turn("p"), context_tokens=10, handle="h")
+        clock.advance(1.0)
+        tag = c.turn_arrived(turn("p"))  # back within its TTL: the pin holds
+        assert not tag.returning_miss
+        if end == "expired":
+            clock.advance(5.0)  # past its TTL and the hold while the turn waits
+            assert [p.handle for p in c.step(lambda pid: True).expired] == ["h"]
+        else:
+            assert c.shed("admission").handle == "h"
+            clock.advance(5.0)
+        assert c.turn_admitted(tag, 12) is None
+        assert observed == [5.0], end
+        c.check_integrity()

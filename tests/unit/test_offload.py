@@ -119,12 +119,12 @@ def test_expired_pin_becomes_a_host_pin_released_when_the_next_turn_is_admitted(
     c, clock = make()
     first_turn(c, "p")
     host = offload_after_expiry(c, clock, "p")
-    assert host.deadline == pytest.approx(1.5 + 30.0) and c.host_pins.pinned_tokens == 100
+    assert host.deadline == pytest.approx(1.5 + 30.0) and c.host.pins.pinned_tokens == 100
     tag = c.turn_arrived(ProgramMeta("p", True))
     assert tag.returning_miss  # no device pin: it is a device miss even if host has it
     assert c.turn_admitted(tag, 100) is None
     assert [p.handle for p in c.host_returned(tag, loaded_tokens=99)] == ["host-p"]
-    assert c.host_counters.host_hits == 1 and c.host_counters.host_hit_tokens == 99 and len(c.host_pins) == 0
+    assert c.host.counters.host_hits == 1 and c.host.counters.host_hit_tokens == 99 and len(c.host.pins) == 0
 
 
 def test_host_pins_end_on_last_step_abort_idle_and_expiry():
@@ -134,14 +134,14 @@ def test_host_pins_end_on_last_step_abort_idle_and_expiry():
     clock.advance(1.5)
     for pin in c.step(lambda _: False).expired:
         c.offload(pin).pin.handle = f"host-{pin.program_id}"
-    assert len(c.host_pins) == 3
+    assert len(c.host.pins) == 3
     c.turn_arrived(ProgramMeta("a", True))
     out = c.turn_finished(ProgramMeta("a", True), context_tokens=120, handle=None)
     assert [p.handle for p in out.release] == ["host-a"]
     assert [p.handle for p in c.turn_aborted(ProgramMeta("b"))] == ["host-b"]
     clock.advance(31.0)
     assert [p.handle for p in c.step(lambda _: False).host_expired] == ["host-c"]
-    assert len(c.host_pins) == 0 and c.host_counters.host_expired == 1
+    assert len(c.host.pins) == 0 and c.host.counters.host_expired == 1
 
 
 def test_no_host_pin_for_programs_that_ended_or_without_a_host_tier():
@@ -174,5 +174,5 @@ def test_host_budget_sheds_latest_program_first():
     early = c.offload(pins[0])
     early.pin.handle = "host-early"
     late = c.offload(pins[1])  # 600 + 600 > 1000: the later program is refused
-    assert late.pin is None and [p.program_id for p in c.host_pins] == ["early"]
-    c.host_pins.check_integrity()
+    assert late.pin is None and [p.program_id for p in c.host.pins] == ["early"]
+    c.host.pins.check_integrity()

@@ -67,7 +67,7 @@ def test_a_scrape_that_sees_a_gauge_change_sees_the_counts_behind_it():
     metrics = ContinuumMetrics.__new__(ContinuumMetrics)
     metrics._last = {"gauge.host_pinned_programs": 1.0}
     metrics._metrics = {s.source: Recorder(s.source) for s in SERIES if s.kind != "histogram"}
-    ctl.host_counters.host_hits += 1
+    ctl.host.counters.host_hits += 1
     metrics.update(ctl)
     assert "host.host_hits" in writes and "gauge.host_pinned_programs" in writes
     first_gauge = min(i for i, source in enumerate(writes) if source.startswith("gauge."))

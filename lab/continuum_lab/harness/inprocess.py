@@ -69,10 +69,12 @@ def submit_request(
     custom_params: Optional[dict] = None,
     session_id: Optional[str] = None,
     routing_key: Optional[str] = None,
+    session: Optional[str] = None,
 ):
     """Hand a request to the scheduler as the tokenizer manager would; return its queued ``Req``
-    (None if the scheduler did not queue it)."""
-    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+    (None if the scheduler did not queue it). ``session``: a turn of the session opened under
+    that id (``session_params``), its prompt appended to the session's context."""
+    from sglang.srt.managers.io_struct import SessionParams, TokenizedGenerateReqInput
     from sglang.srt.sampling.sampling_params import SamplingParams
 
     sp = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True, custom_params=custom_params)
@@ -93,6 +95,7 @@ def submit_request(
             token_ids_logprob=None,
             stream=False,
             session_id=session_id,
+            session_params=SessionParams(id=session) if session is not None else None,
             routing_key=routing_key,
         )
     )
@@ -181,6 +184,7 @@ class SchedulerDriver:
         session_id: Optional[str] = None,
         routing_key: Optional[str] = None,
         rid: Optional[str] = None,
+        session: Optional[str] = None,
     ) -> str:
         rid = rid or uuid.uuid4().hex
         req = submit_request(
@@ -191,6 +195,7 @@ class SchedulerDriver:
             custom_params=custom_params,
             session_id=session_id,
             routing_key=routing_key,
+            session=session,
         )
         if req is not None:
             self.reqs[rid] = req

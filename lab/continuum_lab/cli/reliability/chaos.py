@@ -4,10 +4,11 @@ seed. Afterwards the plugin must hold nothing: programs in flight, working-set t
 to 0 once the server idles past the longest TTL, the pool empty, a new program's first turn served
 within seconds, the server alive, and no request failed but those the chaos meant to fail.
 
-The clients mix the three ways an agent identifies its program (ids with a last-step flag, SGLang's
-routing key alone, nothing at all) and the ways a turn ends early: the client closes the stream, or
-calls ``/abort_request``; SGLang itself retracts running turns (``SGLANG_TEST_RETRACT``) and turns
-away requests past ``--max-queued-requests``.
+The clients mix the ways an agent identifies its program (ids with a last-step flag, SGLang's
+routing key alone, nothing at all, a streaming session whose id is the program's, and one id used
+again for program after program, each ended by ``/close_session``, sometimes mid-turn) and the ways
+a turn ends early: the client closes the stream, or calls ``/abort_request``; SGLang itself retracts
+running turns (``SGLANG_TEST_RETRACT``) and turns away requests past ``--max-queued-requests``.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ STRICT = {
     "SGLANG_TEST_RETRACT_INTERVAL": "5",
     "SGLANG_TEST_RETRACT_NO_PREFILL_BS": "64",  # ... without starving prefill
 }
-IDENTITIES = ("ids", "routing-key", "none")
+IDENTITIES = ("ids", "routing-key", "none", "streaming", "reused-id")
 GAUGES = ("programs_in_flight", "working_set_tokens", "pinned_programs")
 QUEUE_LIMIT = 12
 
@@ -78,6 +79,22 @@ async def _turn(client, url: str, body: dict, ending: str, rng: random.Random, s
         return []
 
 
+async def _open_session(client, url: str, pid: str, stats: Counter) -> bool:
+    body = {"session_id": pid, "capacity_of_str_len": 1 << 16, "streaming": True}
+    resp = await client.post(url + "/open_session", json=body, timeout=30)
+    stats["sessions_opened" if resp.status_code == 200 else f"open_session_http_{resp.status_code}"] += 1
+    return resp.status_code == 200
+
+
+async def _close_session(client, url: str, pid: str, stats: Counter) -> None:
+    resp = await client.post(url + "/close_session", json={"session_id": pid}, timeout=30)
+    stats["sessions_closed" if resp.status_code == 200 else f"close_session_http_{resp.status_code}"] += 1
+
+
+def _close_later(client, url: str, pid: str) -> None:
+    asyncio.ensure_future(client.post(url + "/close_session", json={"session_id": pid}, timeout=30))
+
+
 def _ids(line: str) -> list[int]:
     import json
 
@@ -95,7 +112,10 @@ async def _agent(client, url: str, n: int, seed: int, vocab: int, until: float, 
     while time.monotonic() < until:
         program += 1
         identity = IDENTITIES[(n + program) % len(IDENTITIES)]
-        pid = f"chaos-{seed}-{n}-{program}"
+        pid = f"chaos-{seed}-{n}-{program}" if identity != "reused-id" else f"chaos-{seed}-{n}-reused"
+        streaming = identity == "streaming"
+        if streaming and not await _open_session(client, url, pid, stats):
+            continue
         context = rand_ids(rng, rng.randint(150, 600), vocab)
         turns = rng.randint(2, 6)
         for t in range(turns):
@@ -103,16 +123,24 @@ async def _agent(client, url: str, n: int, seed: int, vocab: int, until: float, 
             ending = rng.choices(("completes", "gives_up", "aborts"), (0.8, 0.12, 0.08))[0]
             sp: dict = {"max_new_tokens": rng.randint(8, 48), "ignore_eos": True, "temperature": 0.0}
             body: dict = {"input_ids": context, "sampling_params": sp, "stream": True, "rid": f"{pid}#{t}-{seed}"}
-            if identity == "ids":
+            if identity in ("ids", "streaming", "reused-id"):
                 sp["custom_params"] = {"program_id": pid, "is_last_step": last, "tool_name": "bash"}
             elif identity == "routing-key":
                 body["routing_key"] = pid
+            if streaming:  # the session holds the context: a turn sends only what is new
+                body["session_params"] = {"id": pid}
+                body["rid"] += f"-{program}"
             stats["sent"] += 1
+            if identity == "reused-id" and rng.random() < 0.2:  # ended while its turn is in flight
+                asyncio.get_running_loop().call_later(0.05, _close_later, client, url, pid)
             out = await _turn(client, url, body, ending, rng, stats)
             if not out or ending != "completes" or time.monotonic() >= until:
                 break  # the agent gives up on this program (it never says so)
-            context = context + out + rand_ids(rng, rng.randint(20, 150), vocab)
+            new = rand_ids(rng, rng.randint(20, 150), vocab)
+            context = new if streaming else context + out + new
             await asyncio.sleep(rng.uniform(0.05, 1.0))  # the tool call
+        if identity in ("streaming", "reused-id"):
+            await _close_session(client, url, pid, stats)
 
 
 def _gauges(srv: SGLangServer) -> dict[str, float]:
@@ -123,7 +151,7 @@ def _gauges(srv: SGLangServer) -> dict[str, float]:
 def _one_seed(ctx: Ctx, seed: int) -> dict:
     sizes = ctx.sizes
     env = {**STRICT, **short_lifetimes(idle_timeout_s=SHORT_IDLE_S), E + "CHECK_INTEGRITY": "1"}
-    args = [*ctx.args("continuum"), "--max-queued-requests", str(QUEUE_LIMIT)]
+    args = [*ctx.args("continuum"), "--max-queued-requests", str(QUEUE_LIMIT), "--enable-streaming-session"]
     srv = SGLangServer(ctx.model, args, env=env, log_path=ctx.logs / f"chaos-s{seed}.log")
     row: dict = {"seed": seed}
     stats: Counter = Counter()
