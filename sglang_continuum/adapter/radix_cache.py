@@ -374,12 +374,10 @@ class ContinuumRadixCache(UnifiedRadixCache):
         once nothing else is left."""
         keep = tag.meta.program_id if tag is not None else None
         after = tag.program_rank if reason == "admission" and tag is not None else None
-        spare = program_waiting
+        spares = (program_waiting, None) if reason == "idle" else (program_waiting,)
         shed = 0
         while shed < max(1, tokens):
-            pin = self.controller.shed(reason, ranked_after=after, keep=keep, spare_waiting=spare)
-            if pin is None and spare is not None and reason == "idle":
-                pin = self.controller.shed(reason, ranked_after=after, keep=keep)
+            pin = self.controller.shed(reason, ranked_after=after, keep=keep, spares=spares)
             if pin is None:
                 break
             self._release([pin], offload=True, sync=True)
@@ -436,9 +434,7 @@ class ContinuumRadixCache(UnifiedRadixCache):
         # is not waiting first), then evict again. Never the pin of a turn the selection under way
         # took: it frees nothing that turn's own lock does not hold.
         while not satisfied():
-            pin = self.controller.shed("alloc", spare_waiting=self.program_waiting)
-            if pin is None:
-                pin = self.controller.shed("alloc", spare_waiting=self.program_taken)
+            pin = self.controller.shed("alloc", spares=(self.program_waiting, self.program_taken))
             if pin is None:
                 break
             self._release([pin], offload=True, sync=True)

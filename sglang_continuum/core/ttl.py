@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Protocol
 
 import numpy as np
 
@@ -22,7 +22,13 @@ from sglang_continuum.core.tool_stats import ToolStats
 
 if TYPE_CHECKING:
     from sglang_continuum.core.offload import ReloadCost
-    from sglang_continuum.core.settings import ContinuumSettings
+
+
+class TTLSettings(Protocol):
+    """What a TTL model reads of the operator's settings (``ContinuumSettings`` has both)."""
+
+    max_ttl_s: float
+    prefill_profile: Optional[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +42,7 @@ class TTLModel:
 
     name = "base"
 
-    def __init__(self, settings: "ContinuumSettings", stats: ToolStats) -> None:
+    def __init__(self, settings: TTLSettings, stats: ToolStats) -> None:
         self.settings = settings
         self.stats = stats
         self.reload: Optional["ReloadCost"] = None  # set when a host tier (HiCache) is attached

@@ -196,14 +196,14 @@ def test_sglang_health_probes_are_not_remembered_as_programs(driver):
     cache = driver.s.tree_cache
     bounded = cache.controller.bounded
     remembered = len(cache.inference._provisional)
-    pace, mean = bounded.pace, bounded.mean_prompt
+    pace, mean = bounded.overtake_clock, bounded.mean_prompt
     rid = driver.submit(tokens(rng, 40), max_new_tokens=2, rid=f"{HEALTH_CHECK_RID_PREFIX}_probe")
     driver.run_until_idle()
     req = driver.req(rid)
     assert req.finished() and getattr(req, "_continuum_first_turn", None) is None
     assert len(cache.inference._provisional) <= remembered
-    assert (bounded.pace, bounded.mean_prompt) == (pace, mean)
+    assert (bounded.overtake_clock, bounded.mean_prompt) == (pace, mean)
     driver.submit(tokens(rng, 40), max_new_tokens=2)  # the same request, not a probe: counted
     driver.run_until_idle()
-    assert bounded.pace > pace
+    assert bounded.overtake_clock > pace
     cache.check_integrity()
