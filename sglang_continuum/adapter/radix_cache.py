@@ -172,7 +172,7 @@ class ContinuumRadixCache(UnifiedRadixCache):
         return int(self.token_to_kv_pool_allocator.size)
 
     # -- request lifecycle (adapter/lifecycle.py) ---------------------------------------
-    def turn_entered(self, req: Req, *, waiting_ahead: int = 0) -> TurnTag:
+    def request_queued(self, req: Req, *, waiting_ahead: int = 0) -> TurnTag:
         """``req`` is in SGLang's waiting queue now, behind ``waiting_ahead`` requests: a turn
         arrived, or a retracted one is back."""
         live = self.lifecycle.get(req.rid)
@@ -209,12 +209,12 @@ class ContinuumRadixCache(UnifiedRadixCache):
             return None
         return int(found.device_prefix_len) + int(found.host_hit_length or 0)
 
-    def on_admitted(self, req: Req) -> None:
+    def request_admitted(self, req: Req) -> None:
         """``req`` was just taken into a prefill batch and holds its own lock on its prefix."""
         live = self.lifecycle.admitted(req.rid)
         if live is None:  # back after a retraction (admitted once already), or not ours
             return
-        self.admit_turn(
+        self.turn_admitted(
             live.tag,
             len(req.origin_input_ids),
             host_loaded=int(getattr(req, "host_loaded_length", 0) or 0),
@@ -229,7 +229,7 @@ class ContinuumRadixCache(UnifiedRadixCache):
         if outcome is CacheRequestOutcome.ABORT:
             live = self.lifecycle.left(handle.rid)
             if live is not None:  # aborted while waiting (client gone, /abort_request), or a chunked request
-                self.abort_turn(live.tag.meta, live.tag)
+                self.turn_aborted(live.tag.meta, live.tag)
 
     def claim_kv_row(self, req: Req) -> bool:
         """A streaming session (``--enable-streaming-session``) keeps a finished or retracted
@@ -267,11 +267,11 @@ class ContinuumRadixCache(UnifiedRadixCache):
             # decoding the output to find the tool is skipped when the client named it or no pin follows
             parse = not (tag.meta.tool_name or tag.meta.is_last_step)
             tool = self.identify_tool(req) if parse else None
-            self.finish_turn(tag.meta, node, context_tokens(req), tool, tag=tag)
+            self.turn_finished(tag.meta, node, context_tokens(req), tool, tag=tag)
             if self.inference is not None and is_inferred(tag.meta):
                 self.inference.turn_finished(tag.meta, req)
         else:
-            self.abort_turn(tag.meta, tag)
+            self.turn_aborted(tag.meta, tag)
 
     def forget_stale(self) -> int:
         """With the scheduler fully idle nothing is live: a request still recorded left SGLang by a
@@ -281,10 +281,10 @@ class ContinuumRadixCache(UnifiedRadixCache):
         for rid, live in stale:
             self.lifecycle.left(rid)
             logger.warning("continuum: request %s left SGLang unseen; ended as aborted", rid)
-            self.abort_turn(live.tag.meta, live.tag)
+            self.turn_aborted(live.tag.meta, live.tag)
         return len(stale)
 
-    def finish_turn(
+    def turn_finished(
         self, meta: ProgramMeta, node, tokens: int, tool: Optional[str], *, tag: Optional[TurnTag] = None
     ) -> Optional[Pin]:
         """A turn's context is in the tree at ``node`` (``tokens`` long; None: a streaming session
@@ -299,7 +299,7 @@ class ContinuumRadixCache(UnifiedRadixCache):
             self._release([pin], offload=pin.program_id != meta.program_id)
         return outcome.pin
 
-    def admit_turn(
+    def turn_admitted(
         self, tag: TurnTag, context_tokens: int, *, host_loaded: int = 0, cached: int = 0, probe: bool = False
     ) -> None:
         """The turn holds its own lock on its prefix now: consume its program's pin (and host pin).
@@ -309,7 +309,7 @@ class ContinuumRadixCache(UnifiedRadixCache):
         if self.host_tier is not None:
             self._release(self.controller.host_returned(tag, host_loaded))
 
-    def abort_turn(self, meta: ProgramMeta, tag: Optional[TurnTag] = None) -> None:
+    def turn_aborted(self, meta: ProgramMeta, tag: Optional[TurnTag] = None) -> None:
         self._release(self.controller.turn_aborted(meta, tag))
 
     def end_program(self, program_id: str) -> None:

@@ -105,7 +105,7 @@ class ContinuumSchedulePolicy(SchedulePolicy):
         arrivals = queue[cut:]
         cache = self.continuum_cache
         for req in arrivals:
-            tag = get_tag(req) or cache.turn_entered(req)  # a request that bypassed the enqueue hook
+            tag = get_tag(req) or cache.request_queued(req)  # a request that bypassed the enqueue hook
             self._programs_seen |= tag.meta.program_id is not None
         if not self._programs_seen:
             for req in arrivals:

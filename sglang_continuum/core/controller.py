@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections import deque
 from typing import Callable, Optional, Sequence
 
 from sglang_continuum.core.clock import Clock
@@ -36,7 +35,7 @@ from sglang_continuum.core.counters import (
 from sglang_continuum.core.host_pins import HostPins
 from sglang_continuum.core.metadata import ProgramMeta
 from sglang_continuum.core.offload import ReloadCost
-from sglang_continuum.core.pins import Pin, PinTable, Tier
+from sglang_continuum.core.pins import Pin, PinSurvival, PinTable, Tier
 from sglang_continuum.core.priority import Waiting, context_gone
 from sglang_continuum.core.programs import ProgramRegistry, ProgramState
 from sglang_continuum.core.rules import Rules, resolve_rules
@@ -50,7 +49,6 @@ from sglang_continuum.core.turns import AdmissionRecord, FinishOutcome, StepPlan
 
 CachedLookup = Optional[Callable[[], Optional[int]]]  # how much of a prompt is cached, looked up on demand
 logger = logging.getLogger(__name__)
-SURVIVAL_WINDOW = 256  # pin outcomes (hit, or shed and its program came back) pin survival reads
 
 
 class ContinuumController:
@@ -88,8 +86,7 @@ class ContinuumController:
         # each tool sample recorded here is also handed to this (a StatsExchange's record)
         self.share_sample: Optional[Callable[[str, str, float], None]] = None
         self.last_admission: Optional[AdmissionRecord] = None  # the latest turn_admitted's record
-        self._pin_outcomes: deque[bool] = deque(maxlen=SURVIVAL_WINDOW)  # True: a hit
-        self._pin_hits = 0  # of them
+        self.survival = PinSurvival()
 
     def attach_host_tier(self, *, reload: ReloadCost, host_budget_tokens: int, hold_cost: float) -> None:
         """HiCache is on: misses reload instead of recomputing, and host pins may hold
@@ -362,16 +359,8 @@ class ContinuumController:
             state.pin_shed = True
 
     def _pin_outcome(self, *, hit: bool) -> None:
-        """A pin's program came back to it (``hit``) or after it was shed. The share of hits over
-        the latest ``SURVIVAL_WINDOW`` such outcomes (Laplace-smoothed) is the pin survival the cost
-        model scales a pin's hit probability by (a pin that is likely shed is worth less); a window,
-        so that a new pressure regime moves it within minutes, not hours."""
-        window = self._pin_outcomes
-        if len(window) == window.maxlen:
-            self._pin_hits -= window[0]
-        window.append(hit)
-        self._pin_hits += hit
-        self.ttl_model.pin_survival = (self._pin_hits + 1.0) / (len(window) + 1.0)
+        """A pin's program came back to it (``hit``) or after it was shed (``PinSurvival``)."""
+        self.ttl_model.pin_survival = self.survival.outcome(hit=hit)
 
     def reset(self) -> None:
         """The engine dropped its whole cache (``/flush_cache``): every pin's node is gone, so
@@ -459,14 +448,7 @@ class ContinuumController:
     def merge_peer_samples(self, samples: list[Sample]) -> None:
         """Tool samples other workers recorded (``StatsExchange.poll``): into the same windows as
         this worker's own, so the TTL model reads the fleet's distribution. Not shared again."""
-        durations: dict[str, list[float]] = {}
-        for kind, tool, value in samples:
-            if kind == DURATION:
-                durations.setdefault(tool, []).append(value)
-            else:
-                self._apply_tool_sample(kind, tool, value)
-        for tool, seconds in durations.items():  # one pass over each sorted window per batch
-            self.stats.record_many(tool, seconds)
+        self.stats.merge(samples)
 
     def load_snapshot(self, tool_stats: dict, signals: dict) -> None:
         self.stats.load_dict(tool_stats)
@@ -490,7 +472,7 @@ class ContinuumController:
             assert pin.handle is not None, "device pin without an engine lock"
         c = self.counters
         assert c.hits + c.expired + c.shed + c.released + c.flushed + len(self.pins) == c.created, "pin counters"
-        assert self._pin_hits == sum(self._pin_outcomes), "pin survival window"
+        self.survival.check_integrity()
         d = self.sheds
         assert d.admission + d.idle + d.alloc + d.budget + d.stale == c.shed, "shed counters by rule"
         assert d.while_waiting <= c.shed, "sheds while waiting"
@@ -527,15 +509,9 @@ class ContinuumController:
             self.program_counters.not_returned += 1
 
     def _record_tool_sample(self, kind: str, tool: str, value: float) -> None:
-        self._apply_tool_sample(kind, tool, value)
+        self.stats.record_sample(kind, tool, value)
         if self.share_sample is not None:
             self.share_sample(kind, tool, value)
-
-    def _apply_tool_sample(self, kind: str, tool: str, value: float) -> None:
-        if kind == DURATION:
-            self.stats.record(tool, value)
-        else:
-            self.stats.record_outcome(tool, returned=value > 0)
 
     def _wait_hold(self, program_waiting: Callable[[str], bool]) -> Callable[[Pin], Optional[float]]:
         """An expired pin whose program has a turn waiting is held ``max_wait_hold_s`` longer."""
