@@ -704,7 +704,7 @@ def test_a_selection_never_takes_more_programs_than_the_door_would_one_at_a_time
 def test_pin_survival_reads_a_window_not_the_whole_uptime():
     # after thousands of hits, a storm of sheds whose programs came back must move it within the
     # window (over the lifetime it would stay above 0.9 for hours)
-    from sglang_continuum.core.controller import SURVIVAL_WINDOW
+    from sglang_continuum.core.pins import SURVIVAL_WINDOW
 
     c, _ = make()
     for _ in range(10_000):
