@@ -65,11 +65,11 @@ class ContinuumController:
         self.clock = clock
         self.timings = self.rules.timings
         self.timings.check(settings.max_ttl_s)
-        self.door = self.rules.door(settings.admission_control)
+        self.stats = ToolStats()
+        self.door = self.rules.door(settings.admission_control, self.stats)
         self.programs = ProgramRegistry(
             idle_timeout_s=self.timings.program_idle_timeout_s, watcher=self.door.working_set
         )
-        self.stats = ToolStats()
         self.silence = Silence(self.stats, self.programs)  # programs whose clients announce no ends
         self.pins = PinTable(budget_tokens)
         self.shedding = self.rules.shedding(self.pins, self.programs, self.silence)

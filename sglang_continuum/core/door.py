@@ -28,6 +28,7 @@ from typing import Callable, Iterator, Optional
 
 from sglang_continuum.core.metadata import SOURCE_INFERRED
 from sglang_continuum.core.programs import ProgramState, RegistryWatcher
+from sglang_continuum.core.tool_stats import ToolStats
 from sglang_continuum.core.turns import TurnTag
 
 WORKING_SET_WINDOW_S = 30.0  # a program unseen this long (out on a tool) leaves the working set
@@ -152,9 +153,10 @@ class WorkingSet(RegistryWatcher):
 
 
 class Door:
-    def __init__(self, enabled: bool, working_set: Optional[WorkingSet] = None) -> None:
+    def __init__(self, enabled: bool, stats: Optional[ToolStats] = None) -> None:
         self.enabled = enabled
-        self.working_set = working_set if working_set is not None else WorkingSet()
+        self.stats = stats  # the tools' times, for a door that reads them (a lab variant's)
+        self.working_set = WorkingSet()
         self.host_tier = False
 
     def use_host_tier(self) -> None:

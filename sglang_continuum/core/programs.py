@@ -68,6 +68,9 @@ class RegistryWatcher:
     def context_changed(self, state: ProgramState, tokens: int) -> None:
         """``state``'s context becomes ``tokens`` (told before ``state.context_tokens`` changes)."""
 
+    def went_out(self, state: ProgramState, now: float) -> None:
+        """A turn of ``state`` finished: it is out on ``state.pending_tool`` (unless a turn is in flight)."""
+
     def forgotten(self, state: ProgramState) -> None:
         """``state`` left the registry (ended, idle, or overflow)."""
 
@@ -150,6 +153,7 @@ class ProgramRegistry:
         state.pending_tool = tool
         if context_tokens > 0:
             self._set_context(state, context_tokens)
+        self.watcher.went_out(state, now)
         return state
 
     def turn_aborted(self, program_id: str, now: float) -> Optional[ProgramState]:

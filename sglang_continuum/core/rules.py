@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from sglang_continuum.core.ttl import TTLModel, TTLSettings
 
 TTLFactory = Callable[["TTLSettings", "ToolStats"], "TTLModel"]
-DoorFactory = Callable[[bool], Door]  # (admission_control setting) -> the door
+DoorFactory = Callable[[bool, "ToolStats"], Door]  # (admission_control setting, tool statistics) -> the door
 WaitBoundFactory = Callable[[int], BoundedWaiting]  # (max_overtakes setting) -> the wait bound
 SheddingFactory = Callable[["PinTable", "ProgramRegistry", "Silence"], Shedding]
 
