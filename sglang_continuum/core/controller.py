@@ -298,7 +298,11 @@ class ContinuumController:
         what they held), host pins past their host TTL."""
         now = self.clock()
         plan = StepPlan()
-        hold = self._wait_hold(program_waiting)
+        hold_s = self.timings.max_wait_hold_s  # an expired pin whose program has a turn waiting is held longer
+
+        def hold(pin: Pin) -> Optional[float]:
+            return pin.deadline + hold_s if hold_s > 0 and program_waiting(pin.program_id) else None
+
         plan.expired = self.pins.pop_expired(now, hold)
         self.counters.expired += len(plan.expired)
         for pin in plan.expired:
@@ -381,30 +385,11 @@ class ContinuumController:
         """Bounded waiting (``core/bounded_waiting.py``): overtaken by its budget of later arrivals."""
         return self.bounded.is_overdue(tag)
 
-    def holds_back(
-        self,
-        tag: TurnTag,
-        request_tokens: int,
-        capacity_tokens: int,
-        *,
-        idle: bool = False,
-        pending_tokens: int = 0,
-        behind_overdue: bool = False,
-    ) -> bool:
-        """The door (``core/door.py``) for a waiting turn; ``idle``: nothing else would run if it
-        waited; ``pending_tokens``: what turns admitted earlier in the same prefill selection
-        reserve (``admission_reservation``); ``behind_overdue``: an overdue first turn ahead of it
-        is held at the door. A turn held records it (once per turn)."""
+    def holds_back(self, tag: TurnTag, request_tokens: int, capacity_tokens: int, **room) -> bool:
+        """The door (``core/door.py``, ``Door.holds_back``, whose keywords ``room`` passes on) for a
+        waiting turn; a turn held records it (once per turn)."""
         state = self.programs.get(tag.meta.program_id) if tag.meta.has_program else None
-        held = self.door.holds_back(
-            tag,
-            state,
-            request_tokens,
-            capacity_tokens,
-            idle=idle,
-            pending_tokens=pending_tokens,
-            behind_overdue=behind_overdue,
-        )
+        held = self.door.holds_back(tag, state, request_tokens, capacity_tokens, **room)
         if held and not tag.held_back:
             tag.held_back = True
             self.admission.held_back += 1
@@ -512,12 +497,3 @@ class ContinuumController:
         self.stats.record_sample(kind, tool, value)
         if self.share_sample is not None:
             self.share_sample(kind, tool, value)
-
-    def _wait_hold(self, program_waiting: Callable[[str], bool]) -> Callable[[Pin], Optional[float]]:
-        """An expired pin whose program has a turn waiting is held ``max_wait_hold_s`` longer."""
-        hold_s = self.timings.max_wait_hold_s
-
-        def hold(pin: Pin) -> Optional[float]:
-            return pin.deadline + hold_s if hold_s > 0 and program_waiting(pin.program_id) else None
-
-        return hold
