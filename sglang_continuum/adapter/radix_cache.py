@@ -27,6 +27,7 @@ from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle, CacheRequ
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.common import match_kv_cache
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+from sglang.srt.runtime_context import get_parallel
 from sglang.srt.server_args import ServerArgs
 
 from sglang_continuum.adapter.host_tier import HostTier
@@ -43,7 +44,7 @@ from sglang_continuum.core.offload import HOST_PIN_BUDGET_FRACTION
 from sglang_continuum.core.persistence import StatsSaver, load_stats
 from sglang_continuum.core.pins import Pin, Tier
 from sglang_continuum.core.settings import ContinuumSettings
-from sglang_continuum.core.stats_exchange import StatsExchange
+from sglang_continuum.core.stats_exchange import StatsExchange, rank_endpoint, read_keys
 from sglang_continuum.core.turns import StepPlan, TurnTag
 
 logger = logging.getLogger(__name__)
@@ -107,23 +108,32 @@ class ContinuumRadixCache(UnifiedRadixCache):
     def _start_exchange(self, tp_size: int) -> Optional[StatsExchange]:
         """Tool statistics shared with peer workers, when endpoints are set. Only with one
         scheduler per server: tensor-parallel ranks must take identical pin decisions, and peers'
-        samples would reach only the rank that receives them."""
+        samples would reach only the rank that receives them. Each data-parallel rank is a worker
+        of its own, on an endpoint derived from the configured one (``rank_endpoint``)."""
         s = self.settings
         if not (s.stats_publish_endpoint or s.stats_peer_endpoints):
             return None
         if tp_size > 1:
             logger.warning("continuum: shared tool statistics are off: they need tp_size 1 (got %d)", tp_size)
             return None
+        parallel = get_parallel()
+        dp_rank, dp_size = parallel.dp_rank or 0, parallel.num_dp_ranks  # dp_rank None: no DP controller
         try:
-            exchange = StatsExchange(s.stats_publish_endpoint, s.stats_peer_endpoints)
+            keys = read_keys(s.stats_key_file) if s.stats_key_file else None
+            exchange = StatsExchange(
+                s.stats_publish_endpoint, s.stats_peer_endpoints, keys=keys, dp_rank=dp_rank, dp_size=dp_size
+            )
         except Exception as exc:  # e.g. the publish port is taken: serve on, with local statistics only
             logger.error("continuum: shared tool statistics are off: %s", exc)
             return None
         self.controller.share_sample = exchange.record
         logger.info(
-            "continuum: sharing tool statistics (publish %s, %d peer endpoint(s))",
-            s.stats_publish_endpoint or "-",
+            "continuum: sharing tool statistics (publish %s, %d peer endpoint(s), dp rank %d of %d, %s)",
+            rank_endpoint(s.stats_publish_endpoint, dp_rank) if s.stats_publish_endpoint else "-",
             len(s.stats_peer_endpoints),
+            dp_rank,
+            dp_size,
+            "CURVE keys" if keys else "this host only",
         )
         return exchange
 

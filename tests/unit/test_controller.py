@@ -350,8 +350,9 @@ def test_an_unknown_setting_stops_start_up_naming_it(tmp_path):
         ContinuumSettings(rules="sglang_continuum.core.rules:Timings")
 
 
-def test_the_operator_has_at_most_fifteen_settings():
-    assert len(ContinuumSettings.model_fields) <= 15
+def test_the_operator_has_at_most_sixteen_settings():
+    # sixteen: stats_key_file, the keys that let shared statistics leave the host (CURVE)
+    assert len(ContinuumSettings.model_fields) <= 16
 
 
 def test_T_is_the_admission_wait_of_returning_misses():
