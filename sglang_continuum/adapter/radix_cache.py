@@ -44,7 +44,8 @@ from sglang_continuum.core.offload import HOST_PIN_BUDGET_FRACTION
 from sglang_continuum.core.persistence import StatsSaver, load_stats
 from sglang_continuum.core.pins import Pin, Tier
 from sglang_continuum.core.settings import ContinuumSettings
-from sglang_continuum.core.stats_exchange import StatsExchange, rank_endpoint, read_keys
+from sglang_continuum.core.stats_endpoints import rank_endpoint, read_keys
+from sglang_continuum.core.stats_exchange import StatsExchange
 from sglang_continuum.core.turns import StepPlan, TurnTag
 
 logger = logging.getLogger(__name__)

@@ -94,7 +94,7 @@ class ContinuumSettings(BaseModel):
     @field_validator("stats_publish_endpoint", "stats_peer_endpoints")
     @classmethod
     def _zmq_endpoints(cls, value):
-        from sglang_continuum.core.stats_exchange import ENDPOINT_SCHEMES
+        from sglang_continuum.core.stats_endpoints import ENDPOINT_SCHEMES
 
         for endpoint in (value,) if isinstance(value, str) else value or ():
             if not endpoint.startswith(ENDPOINT_SCHEMES):
@@ -104,7 +104,7 @@ class ContinuumSettings(BaseModel):
     @field_validator("stats_key_file")
     @classmethod
     def _readable_keys(cls, path: Optional[str]) -> Optional[str]:
-        from sglang_continuum.core.stats_exchange import read_keys
+        from sglang_continuum.core.stats_endpoints import read_keys
 
         if path is not None:
             try:
@@ -131,7 +131,7 @@ class ContinuumSettings(BaseModel):
 
     @model_validator(mode="after")
     def _local_unless_keyed(self) -> "ContinuumSettings":
-        from sglang_continuum.core.stats_exchange import check_local
+        from sglang_continuum.core.stats_endpoints import check_local
 
         if self.stats_key_file is None:  # nothing authenticates a peer: stay on this host
             check_local("stats_publish_endpoint", [self.stats_publish_endpoint] if self.stats_publish_endpoint else [])

@@ -48,7 +48,6 @@ returns; the adapter calls ``poll`` from the scheduler's step and idle loop.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import math
 import uuid
@@ -57,6 +56,15 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import orjson
+
+from sglang_continuum.core.stats_endpoints import (
+    ENDPOINT_SCHEMES,
+    CurveKeys,
+    FleetKey,
+    check_local,
+    connectable,
+    rank_endpoint,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -70,64 +78,9 @@ MAX_ID_LEN = 64
 MAX_SAMPLES_PER_MESSAGE = 256
 MAX_TOOLS_PER_PEER = 128  # one origin cannot push the fleet's tools out of the 1,024 windows
 MAX_MESSAGE_BYTES = 512 * 1024  # 256 samples with the longest tool names, and a gap request per peer
-ENDPOINT_SCHEMES = ("tcp://", "ipc://", "inproc://")
 SIBLINGS = -1  # the group of this server's other data-parallel ranks
 
 Sample = tuple[str, str, float]  # (kind, tool, value)
-CurveKeys = tuple[bytes, bytes]  # (public, secret), z85 as zmq.auth writes them
-
-
-def read_keys(path: str) -> CurveKeys:
-    """The key pair in a ``.key_secret`` file written by ``zmq.auth.create_certificates``."""
-    import zmq.auth
-
-    public, secret = zmq.auth.load_certificate(path)
-    if not secret:
-        raise ValueError(f"{path} holds no secret key (use the .key_secret file)")
-    return public, secret
-
-
-def is_local(endpoint: str) -> bool:
-    """ipc and inproc never leave the host; tcp does unless its host is a loopback address."""
-    if not endpoint.startswith("tcp://"):
-        return True
-    host = endpoint[len("tcp://") :].rpartition(":")[0]
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:  # a hostname, an interface name, "*", a "source;destination" pair
-        return False
-
-
-def check_local(setting: str, endpoints: Sequence[str]) -> None:
-    for endpoint in endpoints:
-        if not is_local(endpoint):
-            raise ValueError(
-                f"{setting}: {endpoint!r} is reachable from other hosts; without stats_key_file (CURVE keys) "
-                "tool statistics stay on this host (a loopback tcp, ipc or inproc endpoint)"
-            )
-
-
-def rank_endpoint(endpoint: str, rank: int) -> str:
-    """The endpoint data-parallel rank ``rank`` uses for a configured ``endpoint``: rank 0 the
-    configured one, the others the next ports (tcp) or a ``.dp<rank>`` suffix (ipc, inproc)."""
-    if rank == 0:
-        return endpoint
-    if endpoint.startswith("tcp://"):
-        head, _, port = endpoint.rpartition(":")
-        if not port.isdigit():
-            raise ValueError(f"stats endpoint {endpoint!r}: data-parallel ranks need a numeric port")
-        return f"{head}:{int(port) + rank}"
-    return f"{endpoint}.dp{rank}"
-
-
-def _connectable(endpoint: str) -> str:
-    """Where a sibling rank reaches a bound endpoint: a wildcard tcp host is this host's loopback."""
-    for wildcard in ("tcp://*:", "tcp://0.0.0.0:"):
-        if endpoint.startswith(wildcard):
-            return "tcp://127.0.0.1:" + endpoint[len(wildcard) :]
-    return endpoint
 
 
 @dataclass(slots=True)
@@ -189,16 +142,6 @@ class _Source:
     tools: set[str] = field(default_factory=set)  # distinct tools taken from this origin (bounded)
 
 
-class _FleetKey:
-    """ZAP: a subscriber is admitted only with the fleet's public key."""
-
-    def __init__(self, public: bytes) -> None:
-        self.public = public
-
-    def callback(self, domain: str, key: bytes) -> bool:
-        return key == self.public
-
-
 class StatsExchange:
     def __init__(
         self,
@@ -229,7 +172,7 @@ class StatsExchange:
             check_local("stats_peer_endpoints", peer_endpoints)
         links = []  # (endpoint, group, decides)
         if publish_endpoint:
-            base = _connectable(publish_endpoint)
+            base = connectable(publish_endpoint)
             links += [(rank_endpoint(base, r), SIBLINGS, False) for r in range(dp_size) if r != dp_rank]
         for group, endpoint in enumerate(peer_endpoints):
             links += [(rank_endpoint(endpoint, r), group, r == dp_rank) for r in range(dp_size)]
@@ -258,7 +201,7 @@ class StatsExchange:
 
                 self._auth = ThreadAuthenticator(self._context)
                 self._auth.start()
-                self._auth.configure_curve_callback("*", _FleetKey(keys[0]))
+                self._auth.configure_curve_callback("*", FleetKey(keys[0]))
             if publish_endpoint:
                 self._pub = self._socket(zmq.XPUB, queue_messages)
                 self._pub.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscriber's subscription, not just the first
