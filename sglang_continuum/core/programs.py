@@ -194,11 +194,14 @@ class ProgramRegistry:
             self._touch(state, now)
         return state
 
-    def forget(self, program_id: str) -> Optional[ProgramState]:
+    def forget(self, program_id: str, *, learn: bool = True) -> Optional[ProgramState]:
+        """``learn``: its context counts among programs' final contexts (not for one that was no
+        program after all)."""
         state = self._programs.pop(program_id, None)
         if state is not None:
             self._leave_working_set(state)
-            self._record_final_context(state)
+            if learn:
+                self._record_final_context(state)
         return state
 
     def forget_idle(self, now: float) -> None:

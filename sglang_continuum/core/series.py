@@ -178,6 +178,13 @@ SERIES: tuple[Series, ...] = (
         "programs.not_returned",
         "Programs that ended while out on a tool call (lowers that tool's return probability).",
     ),
+    Series(
+        "programs_single_shot",
+        "counter",
+        "programs.single_shot",
+        "Requests with no id taken as programs from their first turn and not continued within the horizon "
+        "first turns are watched for: dropped, their pin released.",
+    ),
     # where each request's program id came from (README "Request metadata")
     Series(
         "requests_by_program_id",
