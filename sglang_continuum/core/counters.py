@@ -72,7 +72,7 @@ class ProgramCounters:
 class IdentityCounters:
     """Arriving requests by where their program id came from (``metadata.SOURCES``)."""
 
-    program_id: int = 0  # custom_params.program_id (or job_id)
+    program_id: int = 0  # custom_params.program_id (or job_id; or either at the top level of an OpenAI body)
     session_id: int = 0  # SGLang's session_id
     routing_key: int = 0  # SGLang's routing key (X-SMG-Routing-Key)
     inferred: int = 0  # attributed to a program from its prefix
