@@ -101,7 +101,12 @@ class ContinuumRadixCache(UnifiedRadixCache):
             self.event_log = EventLog(self.settings.event_log)
         self.exchange: Optional[StatsExchange] = self._start_exchange(tp_size)
         self.inference: Optional[ProgramInference] = (
-            ProgramInference(self.controller.programs.__contains__, self.step_clock, event_log=self.event_log)
+            ProgramInference(
+                self.controller.programs.__contains__,
+                self.step_clock,
+                event_log=self.event_log,
+                single_shot=self._single_shot,
+            )
             if self.settings.infer_programs
             else None
         )
@@ -326,6 +331,12 @@ class ContinuumRadixCache(UnifiedRadixCache):
     def end_program(self, program_id: str) -> None:
         self._release(self.controller.end_program(program_id))
 
+    def _single_shot(self, program_id: str) -> None:
+        """A first turn taken as a program (no id) was not continued: single-shot after all."""
+        state = self.controller.programs.get(program_id)
+        if state is not None and state.turns_arrived == 1 and state.in_flight == 0:
+            self._release(self.controller.end_program(program_id, single_shot=True))
+
     def step(self, now: float, program_waiting: Callable[[str], bool]) -> bool:
         """Once per scheduler iteration: advance the clock and execute the controller's step plan
         (expiry, offload); hand statistics to the saver.
@@ -333,6 +344,10 @@ class ContinuumRadixCache(UnifiedRadixCache):
         self.step_clock.set(now)
         plan = self.controller.step(program_waiting)
         freed = self._execute(plan)
+        if self.inference is not None:
+            pinned = self.controller.pins.pinned_tokens
+            self.inference.expire()  # a first turn's pin goes once it is known single-shot
+            freed |= self.controller.pins.pinned_tokens < pinned
         self.exchange_stats(now)
         if self.saver is not None and now >= self._next_stats_save:
             self._next_stats_save = now + self.controller.timings.stats_save_interval_s

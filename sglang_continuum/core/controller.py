@@ -271,14 +271,14 @@ class ContinuumController:
         self.programs.turn_aborted(meta.program_id, self.clock())
         return self._drop_pins(meta.program_id)
 
-    def end_program(self, program_id: str) -> list[Pin]:
-        """The client says the program is over (it may not know its last turn in advance):
-        release what it holds and forget it."""
+    def end_program(self, program_id: str, *, single_shot: bool = False) -> list[Pin]:
+        """The client says the program is over (it may not know its last turn in advance): release
+        what it holds and forget it. ``single_shot``: no program after all (``first_turns.py``)."""
         released = self._drop_pins(program_id)
-        state = self.programs.forget(program_id)
-        if state is not None:
-            self.program_counters.released += 1
-        self._end_program(state, stranded=True)
+        state = self.programs.forget(program_id, learn=not single_shot)  # a one-shot teaches nothing
+        self.program_counters.released += state is not None and not single_shot
+        self.program_counters.single_shot += state is not None and single_shot
+        self._end_program(None if single_shot else state, stranded=True)
         return released
 
     def turn_retracted(self, tag: TurnTag) -> list[Pin]:

@@ -110,9 +110,9 @@ class WorkingSet(RegistryWatcher):
             self._working[state.program_id] = state
         self._count_short(tokens, +1)
 
-    def forgotten(self, state: ProgramState) -> None:
+    def forgotten(self, state: ProgramState, *, learn: bool = True) -> None:
         self._leave(state)
-        if state.context_tokens <= 0:
+        if not learn or state.context_tokens <= 0:
             return  # never admitted: says nothing about how far programs grow
         if len(self._final_contexts) == self._final_contexts.maxlen:
             self._final_sum -= self._final_contexts[0]

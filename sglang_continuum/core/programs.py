@@ -71,8 +71,9 @@ class RegistryWatcher:
     def went_out(self, state: ProgramState, now: float) -> None:
         """A turn of ``state`` finished: it is out on ``state.pending_tool`` (unless a turn is in flight)."""
 
-    def forgotten(self, state: ProgramState) -> None:
-        """``state`` left the registry (ended, idle, or overflow)."""
+    def forgotten(self, state: ProgramState, *, learn: bool = True) -> None:
+        """``state`` left the registry (ended, idle, or overflow); ``learn``: it was a program (not a
+        single-shot request taken for one), whose final context says how far programs grow."""
 
     def expire(self, now: float, touch: Callable[[ProgramState, float], None]) -> None:
         """Once per step, after idle programs were dropped; ``touch`` marks a program seen now."""
@@ -164,10 +165,12 @@ class ProgramRegistry:
             self._touch(state, now)
         return state
 
-    def forget(self, program_id: str) -> Optional[ProgramState]:
+    def forget(self, program_id: str, *, learn: bool = True) -> Optional[ProgramState]:
+        """``learn``: its context counts among programs' final contexts (not for one that was no
+        program after all)."""
         state = self._programs.pop(program_id, None)
         if state is not None:
-            self.watcher.forgotten(state)
+            self.watcher.forgotten(state, learn=learn)
         return state
 
     def forget_idle(self, now: float) -> None:

@@ -73,6 +73,7 @@ programs_forgotten            | counter   | programs.forgotten                  
 programs_presumed_ended       | counter   | programs.presumed_ended             | -    | Programs whose client announces no ends, presumed ended: away past their own return horizon.
 programs_presumed_returned    | counter   | programs.presumed_returned          | -    | Of those, programs that came back after all (served as new programs).
 programs_not_returned         | counter   | programs.not_returned               | -    | Programs that ended while out on a tool call (lowers that tool's return probability).
+programs_single_shot          | counter   | programs.single_shot                | -    | Requests with no id taken as programs from their first turn and not continued within the horizon first turns are watched for: dropped, their pin released.
 # where each request's program id came from (README "Request metadata")
 requests_by_program_id        | counter   | identity.program_id                 | -    | Requests whose program id came from custom_params.program_id.
 requests_by_session_id        | counter   | identity.session_id                 | -    | Requests whose program id was SGLang's session_id.

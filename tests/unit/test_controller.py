@@ -472,6 +472,22 @@ def test_end_program_releases_pins_at_once_and_teaches_non_return():
     c.check_integrity()
 
 
+def test_a_first_turn_found_single_shot_is_dropped_without_teaching_anything():
+    """A request with no id taken as a program from its first turn, not continued: its pin goes
+    and it is forgotten, learning neither a tool's non-return nor a program's length."""
+    c, clock = make(fixed_ttl_s=30.0)
+    c.turn_arrived(ProgramMeta("inferred-1", source="first_turn"))
+    assert c.turn_finished(ProgramMeta("inferred-1", source="first_turn"), context_tokens=100, handle="h").pin
+    assert [p.handle for p in c.end_program("inferred-1", single_shot=True)] == ["h"]
+    assert "inferred-1" not in c.programs and len(c.pins) == 0
+    counters = c.program_counters
+    assert (counters.single_shot, counters.released, counters.not_returned) == (1, 0, 0)
+    assert c.stats.return_probability("unknown") == pytest.approx(1.0)
+    assert c.door.working_set.expected_final_context == 0  # not a program's final context
+    assert c.end_program("inferred-1", single_shot=True) == [] and counters.single_shot == 1
+    c.check_integrity()
+
+
 def test_programs_forgotten_while_out_on_a_tool_count_as_not_returned():
     c, clock = make(program_idle_timeout_s=400.0, max_host_ttl_s=10.0)
     c.turn_arrived(turn("p"))
