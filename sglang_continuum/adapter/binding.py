@@ -41,6 +41,7 @@ from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS, AddReqResul
 from sglang_continuum.adapter.modes import check_supported
 from sglang_continuum.adapter.radix_cache import ContinuumRadixCache
 from sglang_continuum.adapter.request import get_tag
+from sglang_continuum.adapter.runtime import ContinuumRuntime
 from sglang_continuum.adapter.schedule_policy import ContinuumSchedulePolicy
 from sglang_continuum.adapter.tool_identifier import make_identifier
 from sglang_continuum.core.bounded_waiting import MIN_OVERTAKES
@@ -199,6 +200,7 @@ class SchedulerBinding:
             getattr(scheduler, "tokenizer", None), getattr(scheduler.server_args, "tool_call_parser", None)
         )
         cache.program_waiting = self.program_waiting
+        cache.runtime = ContinuumRuntime.start(cache)  # the services, composed once per scheduler
         cache.program_taken = self.admission.taken.__contains__
         self._sglang = {
             name: getattr(scheduler, name)
@@ -293,15 +295,16 @@ class SchedulerBinding:
             # when a running request leaves, so re-open admission here
             running_batch.batch_is_full = False
         plan = self._sglang["get_next_batch_to_run"](running_batch=running_batch, last_batch=last_batch)
-        self.cache.publish_metrics(self.scheduler.waiting_queue)
+        self.cache.runtime.publish_metrics(self.scheduler.waiting_queue)
         return plan
 
     def on_idle(self):
         s, cache = self.scheduler, self.cache
-        cache.exchange_stats(cache.step_clock.read_source())  # an idle worker still shares and learns
-        cache.publish_metrics(s.waiting_queue, force=True)  # the last step's changes reach /metrics
-        if cache.event_log is not None:
-            cache.event_log.flush()
+        runtime = cache.runtime
+        runtime.exchange_stats(cache.step_clock.read_source())  # an idle worker still shares and learns
+        runtime.publish_metrics(s.waiting_queue, force=True)  # the last step's changes reach /metrics
+        if runtime.event_log is not None:
+            runtime.event_log.flush()
         if len(cache.lifecycle) and not s.waiting_queue and s.is_fully_idle():
             if cache.settings.check_integrity:
                 cache.lifecycle.check_integrity(set())  # a request SGLang let go unseen: report it
@@ -338,15 +341,16 @@ def _save_stats_on_sigterm(cache: ContinuumRadixCache) -> None:
     exits, running ``atexit``), or a SIGTERM to the process itself (a process-group SIGTERM, and
     the launcher's wrapped ``kill_process_tree``, see ``plugin.py``), after which it stops as
     SIGTERM would have."""
-    if cache.saver is None:
+    runtime = cache.runtime
+    if runtime.saver is None:
         return
-    atexit.register(cache.save_stats_now)
+    atexit.register(runtime.save_stats_now)
     if threading.current_thread() is not threading.main_thread():
         return
     previous = signal.getsignal(signal.SIGTERM)
 
     def on_sigterm(signum, frame):
-        cache.save_stats_now()
+        runtime.save_stats_now()
         signal.signal(signal.SIGTERM, previous if callable(previous) else signal.SIG_DFL)
         signal.raise_signal(signal.SIGTERM)
 

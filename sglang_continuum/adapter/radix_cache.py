@@ -18,7 +18,7 @@ turn then loads the prefix back instead of recomputing it. See ``host_tier.py``.
 from __future__ import annotations
 
 import logging
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, NamedTuple, Optional
 
 from sglang.srt.constants import HEALTH_CHECK_RID_PREFIX
 from sglang.srt.environ import envs
@@ -27,30 +27,34 @@ from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle, CacheRequ
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.common import match_kv_cache
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
-from sglang.srt.runtime_context import get_parallel
 from sglang.srt.server_args import ServerArgs
 
 from sglang_continuum.adapter.host_tier import HostTier
-from sglang_continuum.adapter.inference import ProgramInference, is_inferred
+from sglang_continuum.adapter.inference import is_inferred
 from sglang_continuum.adapter.lifecycle import RequestLifecycle
-from sglang_continuum.adapter.metrics import ContinuumMetrics
-from sglang_continuum.adapter.request import context_tokens, get_tag, read_program_meta, set_tag
+from sglang_continuum.adapter.request import context_tokens, read_program_meta, set_tag
+from sglang_continuum.adapter.runtime import ContinuumRuntime
 from sglang_continuum.core.clock import Clock, StepClock, default_clock
 from sglang_continuum.core.controller import ContinuumController
 from sglang_continuum.core.cost_model import PrefillProfile
-from sglang_continuum.core.event_log import EventLog
 from sglang_continuum.core.metadata import MalformedReporter, ProgramMeta
 from sglang_continuum.core.offload import HOST_PIN_BUDGET_FRACTION
-from sglang_continuum.core.persistence import StatsSaver, load_stats
 from sglang_continuum.core.pins import Pin, Tier
 from sglang_continuum.core.settings import ContinuumSettings
-from sglang_continuum.core.stats_endpoints import rank_endpoint, read_keys
-from sglang_continuum.core.stats_exchange import StatsExchange
 from sglang_continuum.core.turns import StepPlan, TurnTag
 
 logger = logging.getLogger(__name__)
 
-METRICS_INTERVAL_S = 0.5  # queue-scanning gauges are recomputed at most this often
+
+class CacheRanks(NamedTuple):
+    """Where this scheduler's cache sits: its tensor- and pipeline-parallel ranks, and whether
+    SGLang exports metrics (what the runtime's services need to know)."""
+
+    tp_rank: int
+    tp_size: int
+    pp_rank: int
+    enable_metrics: bool
+
 
 # Identifies the tool a finished turn called: (req) -> tool name or None. Set by the binding.
 ToolIdentifier = Callable[[Req], Optional[str]]
@@ -85,71 +89,10 @@ class ContinuumRadixCache(UnifiedRadixCache):
 
             tp_rank = dist.get_rank(group=params.tp_cache_group)
             tp_size = dist.get_world_size(group=params.tp_cache_group)
-        self.metrics: Optional[ContinuumMetrics] = ContinuumMetrics(tp_rank=tp_rank) if params.enable_metrics else None
-        self._next_metrics = 0.0
-        self._oldest_wait = 0.0
-        self._held_back = 0
+        self.ranks = CacheRanks(tp_rank, tp_size, params.pp_rank, bool(params.enable_metrics))
         self.identify_tool: ToolIdentifier = lambda req: None
-        self.saver: Optional[StatsSaver] = None
-        if self.settings.stats_path:
-            load_stats(self.controller, self.settings.stats_path)
-            if tp_rank == 0 and params.pp_rank == 0:  # one writer per server
-                self.saver = StatsSaver(self.settings.stats_path)
-        self._next_stats_save = self.step_clock() + self.controller.timings.stats_save_interval_s
-        self.event_log: Optional[EventLog] = None
-        if self.settings.event_log and tp_rank == 0 and params.pp_rank == 0:
-            self.event_log = EventLog(self.settings.event_log)
-        self.exchange: Optional[StatsExchange] = self._start_exchange(tp_size)
-        self.inference: Optional[ProgramInference] = (
-            ProgramInference(
-                self.controller.programs.__contains__,
-                self.step_clock,
-                event_log=self.event_log,
-                single_shot=self._single_shot,
-            )
-            if self.settings.infer_programs
-            else None
-        )
-
-    def _start_exchange(self, tp_size: int) -> Optional[StatsExchange]:
-        """Tool statistics shared with peer workers, when endpoints are set. Only with one
-        scheduler per server: tensor-parallel ranks must take identical pin decisions, and peers'
-        samples would reach only the rank that receives them. Each data-parallel rank is a worker
-        of its own, on an endpoint derived from the configured one (``rank_endpoint``)."""
-        s = self.settings
-        if not (s.stats_publish_endpoint or s.stats_peer_endpoints):
-            return None
-        if tp_size > 1:
-            logger.warning("continuum: shared tool statistics are off: they need tp_size 1 (got %d)", tp_size)
-            return None
-        parallel = get_parallel()
-        dp_rank, dp_size = parallel.dp_rank or 0, parallel.num_dp_ranks  # dp_rank None: no DP controller
-        try:
-            keys = read_keys(s.stats_key_file) if s.stats_key_file else None
-            exchange = StatsExchange(
-                s.stats_publish_endpoint, s.stats_peer_endpoints, keys=keys, dp_rank=dp_rank, dp_size=dp_size
-            )
-        except Exception as exc:  # e.g. the publish port is taken: serve on, with local statistics only
-            logger.error("continuum: shared tool statistics are off: %s", exc)
-            return None
-        self.controller.share_sample = exchange.record
-        logger.info(
-            "continuum: sharing tool statistics (publish %s, %d peer endpoint(s), dp rank %d of %d, %s)",
-            rank_endpoint(s.stats_publish_endpoint, dp_rank) if s.stats_publish_endpoint else "-",
-            len(s.stats_peer_endpoints),
-            dp_rank,
-            dp_size,
-            "CURVE keys" if keys else "this host only",
-        )
-        return exchange
-
-    def exchange_stats(self, now: float) -> None:
-        """Publish this worker's new tool samples and merge its peers' (non-blocking; between
-        exchange intervals one comparison)."""
-        if self.exchange is not None:
-            samples = self.exchange.poll(now)
-            if samples:
-                self.controller.merge_peer_samples(samples)
+        # statistics, event log, inference, metrics: off until the binding starts them
+        self.runtime = ContinuumRuntime()
 
     def init_hicache(self, server_args: ServerArgs, params: CacheInitParams) -> None:
         super().init_hicache(server_args, params)
@@ -166,8 +109,6 @@ class ContinuumRadixCache(UnifiedRadixCache):
         reload = self.host_tier.reload_cost(bandwidth)
         budget = int(self.host_tier.capacity_tokens * HOST_PIN_BUDGET_FRACTION)
         self.controller.attach_host_tier(reload=reload, host_budget_tokens=budget, hold_cost=self.host_tier.hold_cost)
-        if self.metrics is not None:
-            self.metrics.add_host_series()
         logger.info(
             "continuum: HiCache host tier (write policy %s, %d host tokens, host pin budget %d, "
             "reload %.0f MB/s at %d bytes/token, offload %s)",
@@ -203,8 +144,9 @@ class ContinuumRadixCache(UnifiedRadixCache):
         else:
             meta = read_program_meta(req, self.report_malformed)
         # SGLang's own health probes (/health_generate) are nobody's turn: never remembered
-        if not meta.has_program and self.inference is not None and not req.rid.startswith(HEALTH_CHECK_RID_PREFIX):
-            meta = self.inference.attribute(req)
+        inference = self.runtime.inference
+        if not meta.has_program and inference is not None and not req.rid.startswith(HEALTH_CHECK_RID_PREFIX):
+            meta = inference.attribute(req)
         tag = self.controller.turn_arrived(
             meta,
             waiting_ahead=waiting_ahead,
@@ -237,8 +179,8 @@ class ContinuumRadixCache(UnifiedRadixCache):
             cached=int(getattr(req, "prefix_len", 0) or 0),
             probe=req.rid.startswith(HEALTH_CHECK_RID_PREFIX),
         )
-        if self.event_log is not None:
-            self.event_log.admitted(req.rid, self.step_clock(), self.controller.last_admission)
+        if self.runtime.event_log is not None:
+            self.runtime.event_log.admitted(req.rid, self.step_clock(), self.controller.last_admission)
 
     def finish(self, handle: CacheRequestHandle, outcome: CacheRequestOutcome) -> None:
         super().finish(handle, outcome)
@@ -275,17 +217,18 @@ class ContinuumRadixCache(UnifiedRadixCache):
             return
         tag = live.tag
         done = checkpointed and not aborted
+        inference = self.runtime.inference
         if not tag.meta.has_program:
-            if done and node is not None and self.inference is not None:
-                self.inference.provisional_finished(req)  # its next turn, if any, makes it a program
+            if done and node is not None and inference is not None:
+                inference.provisional_finished(req)  # its next turn, if any, makes it a program
             return
         if done:
             # decoding the output to find the tool is skipped when the client named it or no pin follows
             parse = not (tag.meta.tool_name or tag.meta.is_last_step)
             tool = self.identify_tool(req) if parse else None
             self.turn_finished(tag.meta, node, context_tokens(req), tool, tag=tag)
-            if self.inference is not None and is_inferred(tag.meta):
-                self.inference.turn_finished(tag.meta, req)
+            if inference is not None and is_inferred(tag.meta):
+                inference.turn_finished(tag.meta, req)
         else:
             self.turn_aborted(tag.meta, tag)
 
@@ -309,8 +252,8 @@ class ContinuumRadixCache(UnifiedRadixCache):
         outcome = self.controller.turn_finished(meta, context_tokens=tokens, tool=tool, handle=handle, tag=tag)
         if outcome.pin is None and handle is not None:
             self.unlock(handle)
-        if outcome.ttl is not None and self.metrics is not None:
-            self.metrics.observe_ttl(outcome.ttl)
+        if outcome.ttl is not None and self.runtime.metrics is not None:
+            self.runtime.metrics.observe_ttl(outcome.ttl)
         for pin in outcome.release:  # other programs' pins pushed out of the budget may go to host
             self._release([pin], offload=pin.program_id != meta.program_id)
         return outcome.pin
@@ -331,7 +274,7 @@ class ContinuumRadixCache(UnifiedRadixCache):
     def end_program(self, program_id: str) -> None:
         self._release(self.controller.end_program(program_id))
 
-    def _single_shot(self, program_id: str) -> None:
+    def single_shot(self, program_id: str) -> None:
         """A first turn taken as a program (no id) was not continued: single-shot after all."""
         state = self.controller.programs.get(program_id)
         if state is not None and state.turns_arrived == 1 and state.in_flight == 0:
@@ -339,50 +282,17 @@ class ContinuumRadixCache(UnifiedRadixCache):
 
     def step(self, now: float, program_waiting: Callable[[str], bool]) -> bool:
         """Once per scheduler iteration: advance the clock and execute the controller's step plan
-        (expiry, offload); hand statistics to the saver.
-        Returns whether device memory was given back."""
+        (expiry, offload); first turns known single-shot give their pins back; the runtime shares
+        and saves statistics. Returns whether device memory was given back."""
         self.step_clock.set(now)
         plan = self.controller.step(program_waiting)
         freed = self._execute(plan)
-        if self.inference is not None:
+        if self.runtime.inference is not None:
             pinned = self.controller.pins.pinned_tokens
-            self.inference.expire()  # a first turn's pin goes once it is known single-shot
+            self.runtime.inference.expire()  # a first turn's pin goes once it is known single-shot
             freed |= self.controller.pins.pinned_tokens < pinned
-        self.exchange_stats(now)
-        if self.saver is not None and now >= self._next_stats_save:
-            self._next_stats_save = now + self.controller.timings.stats_save_interval_s
-            self.saver.submit(self.controller.snapshot())
+        self.runtime.step(now)
         return freed
-
-    def publish_metrics(self, waiting_queue, *, force: bool = False) -> None:
-        """Refresh the Prometheus series (only values that changed are written): at most every
-        ``METRICS_INTERVAL_S`` while serving, so a decode step pays nothing for them, and at
-        every call with ``force`` (the idle loop: /metrics is current whenever the engine rests)."""
-        if self.metrics is None:
-            return
-        now = self.step_clock()
-        due = now >= self._next_metrics
-        if not (due or force):
-            return
-        if due:
-            self._next_metrics = now + METRICS_INTERVAL_S
-            tags = [tag for tag in map(get_tag, waiting_queue) if tag is not None]
-            self._oldest_wait = now - min(tag.arrival for tag in tags) if tags else 0.0
-            programs = self.controller.programs
-            self._held_back = sum(
-                1
-                for tag in tags
-                if tag.held_back
-                and (state := programs.get(tag.meta.program_id)) is not None
-                and state.turns_admitted == 0
-            )
-        self.metrics.update(
-            self.controller,
-            self.saver,
-            self.exchange,
-            held_back=self._held_back,
-            oldest_wait_s=self._oldest_wait,
-        )
 
     def shed_for(
         self,
@@ -410,12 +320,6 @@ class ContinuumRadixCache(UnifiedRadixCache):
             shed += pin.tokens
         return shed
 
-    def save_stats_now(self) -> None:
-        """Synchronous save (shutdown paths); never raises."""
-        if self.saver is not None:
-            self.saver.flush(timeout_s=2.0)
-            self.saver.save_now(self.controller.snapshot())
-
     def check_integrity(self, sglang_live: Optional[set[str]] = None) -> None:
         """The controller's invariants plus the engine facts behind them: the requests the plugin
         holds live are SGLang's (``sglang_live``, when the caller knows them) and each program's
@@ -428,10 +332,7 @@ class ContinuumRadixCache(UnifiedRadixCache):
             assert state.in_flight == live.get(id(state), 0), (
                 f"program {state.program_id}: {state.in_flight} turns in flight, {live.get(id(state), 0)} live"
             )
-        if self.inference is not None:
-            self.inference.check_integrity()
-        if self.exchange is not None:
-            self.exchange.check_integrity()
+        self.runtime.check_integrity()
         tree = self.tree_core
         for pin in self.controller.pins:  # a locked node is never evicted from the device
             assert not tree.is_full_device_evicted(pin.handle.node), f"pinned prefix of {pin.program_id} evicted"
@@ -478,12 +379,7 @@ class ContinuumRadixCache(UnifiedRadixCache):
         return result
 
     def shutdown(self) -> None:
-        self.save_stats_now()  # warm start for the next server
-        if self.event_log is not None:
-            self.event_log.close()
-        if self.exchange is not None:
-            self.exchange.close()
-            self.exchange = None
+        self.runtime.close()
         super().shutdown()
 
     def reset(self) -> None:

@@ -83,7 +83,7 @@ def run_programs(driver, rng, kind, tag, shots):
 def test_programs_after_id_less_agents_keep_their_share_and_one_shots_hold_no_pin(driver):
     rng = random.Random(59)
     cache = driver.s.tree_cache
-    controller, first_turns = cache.controller, cache.inference.first_turns
+    controller, first_turns = cache.controller, cache.runtime.inference.first_turns
     shots = []
     fresh = run_programs(driver, rng, "explicit", "fresh", shots)
     assert fresh > 0.8

@@ -44,7 +44,7 @@ def drain_pins(driver):
 
 def no_first_turn_evidence(driver, return_s=60.0):
     """Nothing known yet of whether requests that continue nothing are agents' first turns."""
-    driver.s.tree_cache.inference.first_turns = FirstTurns(return_s=return_s)
+    driver.s.tree_cache.runtime.inference.first_turns = FirstTurns(return_s=return_s)
 
 
 def test_routing_key_alone_makes_a_program_whose_next_turn_hits_its_pin(driver):
@@ -90,7 +90,7 @@ def test_a_program_with_no_ids_is_inferred_from_its_prefix_and_hits_its_pin(driv
     tag1 = driver.req(r1)._continuum_tag
     assert tag1.meta.program_id is None and controller.counters.created == before[3]  # served as fcfs
     provisional = driver.req(r1)._continuum_first_turn
-    assert provisional in cache.inference.index
+    assert provisional in cache.runtime.inference.index
     previous = ctx + driver.output_ids(r1)
     r2 = driver.submit(previous + tokens(rng, 12), max_new_tokens=4)
     driver.run_until_idle()
@@ -108,11 +108,11 @@ def test_a_program_with_no_ids_is_inferred_from_its_prefix_and_hits_its_pin(driv
     assert driver.req(r3).cached_tokens >= len(context2) + len(out2) - 2
     assert (identity.inferred, identity.none, controller.counters.hits) == (before[0] + 2, before[1] + 1, before[2] + 1)
     # an explicit id extending the same context is its own program, and inference is not consulted
-    lookups = cache.inference.index.attributed
+    lookups = cache.runtime.inference.index.attributed
     r4 = driver.submit(previous + tokens(rng, 12), max_new_tokens=2, custom_params=meta("explicit-4", last=True))
     driver.run_until_idle()
     assert driver.req(r4)._continuum_tag.meta.program_id == "explicit-4"
-    assert cache.inference.index.attributed == lookups
+    assert cache.runtime.inference.index.attributed == lookups
     cache.end_program(pid)
     drain_pins(driver)
     cache.check_integrity()
@@ -130,7 +130,7 @@ def test_single_shot_requests_never_pin_and_are_forgotten_within_the_bound(drive
         driver.submit(tokens(rng, 40), max_new_tokens=2)
     driver.run_until_idle()
     assert cache.controller.counters.created == created and not len(cache.controller.pins)
-    assert len(cache.inference._provisional) <= cache.inference.index.max_programs
+    assert len(cache.runtime.inference._provisional) <= cache.runtime.inference.index.max_programs
     cache.check_integrity()
 
 
@@ -178,7 +178,7 @@ def test_once_first_turns_are_continued_a_first_turn_is_a_program_and_its_first_
     r5 = driver.submit(tokens(rng, 40), max_new_tokens=2)
     driver.run_until_idle()
     assert driver.req(r5)._continuum_tag.meta.program_id is None  # 2 continued, 3 not
-    assert not cache.inference.first_turns.are_programs()
+    assert not cache.runtime.inference.first_turns.are_programs()
     assert controller.program_counters.single_shot == 3  # dropped, their pins released
     drain_pins(driver)
     for pid in [s.program_id for s in list(controller.programs) if s.program_id.startswith("inferred-")]:
@@ -197,13 +197,13 @@ def test_sglang_health_probes_are_not_remembered_as_programs(driver):
     rng = random.Random(14)
     cache = driver.s.tree_cache
     bounded = cache.controller.bounded
-    remembered = len(cache.inference._provisional)
+    remembered = len(cache.runtime.inference._provisional)
     pace, mean = bounded.overtake_clock, bounded.mean_prompt
     rid = driver.submit(tokens(rng, 40), max_new_tokens=2, rid=f"{HEALTH_CHECK_RID_PREFIX}_probe")
     driver.run_until_idle()
     req = driver.req(rid)
     assert req.finished() and getattr(req, "_continuum_first_turn", None) is None
-    assert len(cache.inference._provisional) <= remembered
+    assert len(cache.runtime.inference._provisional) <= remembered
     assert (bounded.overtake_clock, bounded.mean_prompt) == (pace, mean)
     driver.submit(tokens(rng, 40), max_new_tokens=2)  # the same request, not a probe: counted
     driver.run_until_idle()

@@ -362,7 +362,7 @@ def test_idle_hooks_still_run_while_sglang_sleeps_on_idle(driver, monkeypatch):
 
     sleeper.maybe_sleep = timed_sleep
     monkeypatch.setattr(s, "idle_sleeper", sleeper)
-    check, flush = cache.check_integrity, cache.publish_metrics
+    check, flush = cache.check_integrity, cache.runtime.publish_metrics
 
     def counted_check(*args):
         calls["check"] += 1
@@ -373,7 +373,7 @@ def test_idle_hooks_still_run_while_sglang_sleeps_on_idle(driver, monkeypatch):
         return flush(*a, **kw)
 
     monkeypatch.setattr(cache, "check_integrity", counted_check)
-    monkeypatch.setattr(cache, "publish_metrics", counted_flush)
+    monkeypatch.setattr(cache.runtime, "publish_metrics", counted_flush)
 
     rng = random.Random(11)
     driver.submit(tokens(rng, 200), max_new_tokens=4, custom_params=meta("sleeper", "fast"))  # pinned for 20 s
