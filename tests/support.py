@@ -6,12 +6,12 @@ from __future__ import annotations
 from functools import partial
 from typing import Optional
 
+from continuum_lab.bench.ttl_baselines import BernsteinTTL, FixedTTL, ReferenceTTL
 from sglang_continuum.core.clock import ManualClock
 from sglang_continuum.core.controller import ContinuumController
 from sglang_continuum.core.cost_model import CostModelTTL
 from sglang_continuum.core.rules import Rules, Timings
 from sglang_continuum.core.settings import ContinuumSettings
-from sglang_continuum.core.ttl_baselines import BernsteinTTL, FixedTTL, ReferenceTTL
 
 TIMING_FIELDS = set(Timings.__dataclass_fields__)
 

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from continuum_lab.bench.ttl_baselines import BernsteinTTL
 from sglang_continuum.core.cost_model import (
     CostModelTTL,
     EtaEstimator,
@@ -16,7 +17,6 @@ from sglang_continuum.core.cost_model import (
 from sglang_continuum.core.settings import ContinuumSettings
 from sglang_continuum.core.tool_stats import SampleWindow, ToolStats
 from sglang_continuum.core.ttl import TTLQuery, optimal_ttl
-from sglang_continuum.core.ttl_baselines import BernsteinTTL
 
 
 def objective(samples, benefit, tau):
