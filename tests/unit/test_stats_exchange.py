@@ -10,12 +10,12 @@ import orjson
 import pytest
 import zmq
 
-from continuum_lab.harness.server import free_port
 from sglang_continuum.core.metadata import ProgramMeta
 from sglang_continuum.core.settings import ContinuumSettings
 from sglang_continuum.core.stats_exchange import DURATION, StatsExchange
 from sglang_continuum.core.ttl import TTLQuery
 from tests.support import controller as make_controller
+from tests.support import free_port
 
 DEADLINE_S = 20.0  # generous: only reached when the behaviour under test is broken
 
