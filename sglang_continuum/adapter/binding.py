@@ -104,7 +104,7 @@ class Admission:
 
         class ContinuumPrefillAdder(base):
             # what turns this selection took reserve in the working set: it learns of them only
-            # once the batch is formed (``on_admitted``), and the door must not let a wave through
+            # once the batch is formed (``request_admitted``), and the door must not let a wave through
             continuum_pending_tokens = 0
 
             def add_one_req(self, req, has_chunked_req, truncation_align_size):
@@ -249,7 +249,7 @@ class SchedulerBinding:
             self.cache.step_clock.set(self.now())
         result = self._sglang["_add_request_to_queue"](req, is_retracted=is_retracted)
         if s.waiting_queue and s.waiting_queue[-1] is req:  # appended: not rejected at the door
-            self.cache.turn_entered(req, waiting_ahead=len(s.waiting_queue) - 1)
+            self.cache.request_queued(req, waiting_ahead=len(s.waiting_queue) - 1)
             self.policy.requeued(req)
         return result
 
@@ -283,7 +283,7 @@ class SchedulerBinding:
         anything is shed for a turn the same selection refused."""
         if plan.batch_to_run is not None:
             for req in plan.batch_to_run.reqs:
-                self.cache.on_admitted(req)
+                self.cache.request_admitted(req)
         return plan
 
     def get_next_batch_to_run(self, running_batch, last_batch):

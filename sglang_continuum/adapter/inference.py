@@ -10,7 +10,9 @@ next turn, if one comes, continues it. Whether that first turn is already a prog
 traffic (``core/first_turns.py``): while most such requests were continued lately, it is (its first
 tool gap is pinned like any later one, as an agent that sends ids gets); otherwise it is served
 exactly as under FCFS (no program: no pin, no program order, no admission control), so
-single-shot traffic never pays for pins.
+single-shot traffic never pays for pins. A first turn taken as a program that is not continued
+within the horizon first turns are watched for is single-shot after all: ``single_shot`` drops it
+(its pin released), and its context stays provisional, so a late next turn still finds it.
 """
 
 from __future__ import annotations
@@ -39,11 +41,17 @@ def is_inferred(meta: ProgramMeta) -> bool:
 
 class ProgramInference:
     def __init__(
-        self, alive: Callable[[str], bool], clock: Callable[[], float], *, event_log: Optional[EventLog] = None
+        self,
+        alive: Callable[[str], bool],
+        clock: Callable[[], float],
+        *,
+        event_log: Optional[EventLog] = None,
+        single_shot: Callable[[str], None] = lambda program_id: None,
     ) -> None:
         self.index = ProgramIndex()
         self._registered = alive
         self._clock = clock
+        self._single_shot = single_shot
         # recorded, not (yet) a program -> when; oldest first, bounded in time and number
         self._provisional: OrderedDict[str, float] = OrderedDict()
         self.first_turns = FirstTurns()
@@ -56,11 +64,11 @@ class ProgramInference:
     def attribute(self, req: "Req") -> ProgramMeta:
         """The program ``req`` (no explicit id) continues; else a new id, kept on the request, which
         is a new program's if first turns are lately continued, else nobody's (provisional)."""
-        self._expire()
+        self.expire()
         pid = self.index.match(req.origin_input_ids, self.alive)
         if pid is not None:
             self._provisional.pop(pid, None)  # it is a program now
-            self.first_turns.continued(pid)
+            self.first_turns.continued(pid, self._clock())
             meta = ProgramMeta(pid, source=SOURCE_INFERRED)
         else:
             pid = self.index.new_program()
@@ -82,15 +90,24 @@ class ProgramInference:
         self._record(pid, req)
         now = self._clock()
         self.first_turns.finished(pid, now)
+        self._remember(pid, now)
+        self.expire()
+
+    def _remember(self, pid: str, now: float) -> None:
         latest = next(reversed(self._provisional.values()), 0.0)
         self._provisional[pid] = max(now, latest)  # kept in time order
         while len(self._provisional) > self.index.max_programs:
             self.index.forget(self._provisional.popitem(last=False)[0])
-        self._expire()
 
-    def _expire(self) -> None:
+    def expire(self) -> None:
+        """First turns resolved (those taken as programs and not continued are dropped), and
+        provisional contexts past their time forgotten."""
         now = self._clock()
-        self.first_turns.expire(now)
+        for pid in self.first_turns.expire(now):
+            if self._registered(pid):  # taken as a program from its first turn: single-shot after all
+                self._single_shot(pid)
+                if not self._registered(pid) and pid in self.index:
+                    self._remember(pid, now)
         cutoff = now - PROVISIONAL_TTL_S
         provisional = self._provisional
         while provisional and next(iter(provisional.values())) < cutoff:

@@ -16,17 +16,17 @@ TTL_BUCKETS = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 def gauge_values(
     controller: ContinuumController, *, held_back: int = 0, oldest_wait_s: float = 0.0, stats_peers: int = 0
 ) -> dict[str, float]:
-    pins, host = controller.pins, controller.host.pins
+    pins, host, working = controller.pins, controller.host.pins, controller.door.working_set
     return {
         "pinned_programs": len(pins),
         "pinned_tokens": pins.pinned_tokens,
         "pin_budget_tokens": pins.budget_tokens,
         "tracked_programs": len(controller.programs),
-        "programs_in_flight": controller.programs.working_programs,
-        "working_set_tokens": controller.programs.working_set_tokens,
-        "working_set_reserved_tokens": controller.programs.reserved_tokens(),
-        "expected_final_context_tokens": controller.programs.expected_final_context,
-        "return_loss_ratio": controller.admission_control.return_loss.ratio,
+        "programs_in_flight": len(working),
+        "working_set_tokens": working.tokens,
+        "working_set_reserved_tokens": working.reserved_tokens(),
+        "expected_final_context_tokens": working.expected_final_context,
+        "return_loss_ratio": controller.bounded.return_loss.ratio,
         "overtake_budget": controller.bounded.budget(),
         "programs_held_back": held_back,
         "oldest_wait_seconds": oldest_wait_s,

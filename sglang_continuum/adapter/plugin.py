@@ -19,6 +19,10 @@ policy when they run, so any other policy leaves SGLang exactly as it was:
 * ``Scheduler.close_session`` (AROUND): ``/close_session`` with a program's id (its
   ``session_id``) ends the program after the fact -- pins and host pins released at once --
   for agents that cannot know in advance which turn is their last.
+* ``OpenAIServingBase.handle_request`` (AROUND, in the HTTP process): program metadata sent as
+  top-level fields of an OpenAI chat/completions body (``job_id``, ``is_last_step``, ...: the keys
+  ``custom_params`` takes), which SGLang's request models drop, is copied into the request's
+  ``custom_params`` before SGLang converts it; keys already in ``custom_params`` win.
 * ``DataParallelController.maybe_external_dp_rank_routing`` (AROUND): with ``--dp-size N`` every
   turn of a program goes to one DP rank (a stable hash of its id over the active ranks), whatever
   ``--load-balance-method`` says, so its pin is on the rank its next turn reaches. A request
@@ -45,6 +49,7 @@ RESOLVE_ARGS = "sglang.srt.server_args.ServerArgs.resolve_once"
 VALIDATE_REQUEST = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
 CLOSE_SESSION = "sglang.srt.managers.scheduler.Scheduler.close_session"
 DP_ROUTE = "sglang.srt.managers.data_parallel_controller.DataParallelController.maybe_external_dp_rank_routing"
+OPENAI_REQUEST = "sglang.srt.entrypoints.openai.serving_base.OpenAIServingBase.handle_request"
 
 _originals: dict[str, object] = {}
 
@@ -110,6 +115,34 @@ def _around_dp_routing(original, controller, req, *args, **kwargs):
         except Exception:  # routing falls back to SGLang's own method; dispatch must go on
             logger.exception("continuum: program-affine DP routing failed")
     return original(controller, req, *args, **kwargs)
+
+
+async def _around_openai_request(original, serving, request, raw_request, *args, **kwargs):
+    """Top-level program metadata into ``custom_params`` (chat and text completions only: the
+    requests that carry ``custom_params``)."""
+    read_json = getattr(raw_request, "json", None)  # None, or a stand-in, off the HTTP path
+    if (
+        callable(read_json)
+        and hasattr(request, "custom_params")
+        and _policy_of(serving.tokenizer_manager.server_args) == POLICY_NAME
+    ):
+        try:
+            body = await read_json()  # FastAPI parsed this body already: Starlette keeps the JSON
+        except Exception:
+            body = None
+        try:
+            from sglang_continuum.core.metadata import merge_top_level
+
+            merged = merge_top_level(body, request.custom_params, _report_top_level)
+            if merged is not None:
+                request.custom_params = merged
+        except Exception:  # the request is served as SGLang would, without the top-level fields
+            logger.exception("continuum: reading top-level request metadata failed")
+    return await original(serving, request, raw_request, *args, **kwargs)
+
+
+def _report_top_level(program_id, problem: str) -> None:
+    logger.warning("continuum: ignoring malformed request metadata: %s", problem)
 
 
 def _before_validate_request(manager, obj, input_ids, *args, **kwargs):
@@ -209,6 +242,7 @@ def register() -> None:
         (VALIDATE_REQUEST, _before_validate_request, HookType.BEFORE),
         (CLOSE_SESSION, _around_close_session, HookType.AROUND),
         (DP_ROUTE, _around_dp_routing, HookType.AROUND),
+        (OPENAI_REQUEST, _around_openai_request, HookType.AROUND),
     ):
         _originals.setdefault(target, _resolve(target))
         HookRegistry.register(target, hook, kind)

@@ -27,6 +27,7 @@ from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle, CacheRequ
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.common import match_kv_cache
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+from sglang.srt.runtime_context import get_parallel
 from sglang.srt.server_args import ServerArgs
 
 from sglang_continuum.adapter.host_tier import HostTier
@@ -43,6 +44,7 @@ from sglang_continuum.core.offload import HOST_PIN_BUDGET_FRACTION
 from sglang_continuum.core.persistence import StatsSaver, load_stats
 from sglang_continuum.core.pins import Pin, Tier
 from sglang_continuum.core.settings import ContinuumSettings
+from sglang_continuum.core.stats_endpoints import rank_endpoint, read_keys
 from sglang_continuum.core.stats_exchange import StatsExchange
 from sglang_continuum.core.turns import StepPlan, TurnTag
 
@@ -99,7 +101,12 @@ class ContinuumRadixCache(UnifiedRadixCache):
             self.event_log = EventLog(self.settings.event_log)
         self.exchange: Optional[StatsExchange] = self._start_exchange(tp_size)
         self.inference: Optional[ProgramInference] = (
-            ProgramInference(self.controller.programs.__contains__, self.step_clock, event_log=self.event_log)
+            ProgramInference(
+                self.controller.programs.__contains__,
+                self.step_clock,
+                event_log=self.event_log,
+                single_shot=self._single_shot,
+            )
             if self.settings.infer_programs
             else None
         )
@@ -107,23 +114,32 @@ class ContinuumRadixCache(UnifiedRadixCache):
     def _start_exchange(self, tp_size: int) -> Optional[StatsExchange]:
         """Tool statistics shared with peer workers, when endpoints are set. Only with one
         scheduler per server: tensor-parallel ranks must take identical pin decisions, and peers'
-        samples would reach only the rank that receives them."""
+        samples would reach only the rank that receives them. Each data-parallel rank is a worker
+        of its own, on an endpoint derived from the configured one (``rank_endpoint``)."""
         s = self.settings
         if not (s.stats_publish_endpoint or s.stats_peer_endpoints):
             return None
         if tp_size > 1:
             logger.warning("continuum: shared tool statistics are off: they need tp_size 1 (got %d)", tp_size)
             return None
+        parallel = get_parallel()
+        dp_rank, dp_size = parallel.dp_rank or 0, parallel.num_dp_ranks  # dp_rank None: no DP controller
         try:
-            exchange = StatsExchange(s.stats_publish_endpoint, s.stats_peer_endpoints)
+            keys = read_keys(s.stats_key_file) if s.stats_key_file else None
+            exchange = StatsExchange(
+                s.stats_publish_endpoint, s.stats_peer_endpoints, keys=keys, dp_rank=dp_rank, dp_size=dp_size
+            )
         except Exception as exc:  # e.g. the publish port is taken: serve on, with local statistics only
             logger.error("continuum: shared tool statistics are off: %s", exc)
             return None
         self.controller.share_sample = exchange.record
         logger.info(
-            "continuum: sharing tool statistics (publish %s, %d peer endpoint(s))",
-            s.stats_publish_endpoint or "-",
+            "continuum: sharing tool statistics (publish %s, %d peer endpoint(s), dp rank %d of %d, %s)",
+            rank_endpoint(s.stats_publish_endpoint, dp_rank) if s.stats_publish_endpoint else "-",
             len(s.stats_peer_endpoints),
+            dp_rank,
+            dp_size,
+            "CURVE keys" if keys else "this host only",
         )
         return exchange
 
@@ -172,7 +188,7 @@ class ContinuumRadixCache(UnifiedRadixCache):
         return int(self.token_to_kv_pool_allocator.size)
 
     # -- request lifecycle (adapter/lifecycle.py) ---------------------------------------
-    def turn_entered(self, req: Req, *, waiting_ahead: int = 0) -> TurnTag:
+    def request_queued(self, req: Req, *, waiting_ahead: int = 0) -> TurnTag:
         """``req`` is in SGLang's waiting queue now, behind ``waiting_ahead`` requests: a turn
         arrived, or a retracted one is back."""
         live = self.lifecycle.get(req.rid)
@@ -209,12 +225,12 @@ class ContinuumRadixCache(UnifiedRadixCache):
             return None
         return int(found.device_prefix_len) + int(found.host_hit_length or 0)
 
-    def on_admitted(self, req: Req) -> None:
+    def request_admitted(self, req: Req) -> None:
         """``req`` was just taken into a prefill batch and holds its own lock on its prefix."""
         live = self.lifecycle.admitted(req.rid)
         if live is None:  # back after a retraction (admitted once already), or not ours
             return
-        self.admit_turn(
+        self.turn_admitted(
             live.tag,
             len(req.origin_input_ids),
             host_loaded=int(getattr(req, "host_loaded_length", 0) or 0),
@@ -229,7 +245,7 @@ class ContinuumRadixCache(UnifiedRadixCache):
         if outcome is CacheRequestOutcome.ABORT:
             live = self.lifecycle.left(handle.rid)
             if live is not None:  # aborted while waiting (client gone, /abort_request), or a chunked request
-                self.abort_turn(live.tag.meta, live.tag)
+                self.turn_aborted(live.tag.meta, live.tag)
 
     def claim_kv_row(self, req: Req) -> bool:
         """A streaming session (``--enable-streaming-session``) keeps a finished or retracted
@@ -267,11 +283,11 @@ class ContinuumRadixCache(UnifiedRadixCache):
             # decoding the output to find the tool is skipped when the client named it or no pin follows
             parse = not (tag.meta.tool_name or tag.meta.is_last_step)
             tool = self.identify_tool(req) if parse else None
-            self.finish_turn(tag.meta, node, context_tokens(req), tool, tag=tag)
+            self.turn_finished(tag.meta, node, context_tokens(req), tool, tag=tag)
             if self.inference is not None and is_inferred(tag.meta):
                 self.inference.turn_finished(tag.meta, req)
         else:
-            self.abort_turn(tag.meta, tag)
+            self.turn_aborted(tag.meta, tag)
 
     def forget_stale(self) -> int:
         """With the scheduler fully idle nothing is live: a request still recorded left SGLang by a
@@ -281,10 +297,10 @@ class ContinuumRadixCache(UnifiedRadixCache):
         for rid, live in stale:
             self.lifecycle.left(rid)
             logger.warning("continuum: request %s left SGLang unseen; ended as aborted", rid)
-            self.abort_turn(live.tag.meta, live.tag)
+            self.turn_aborted(live.tag.meta, live.tag)
         return len(stale)
 
-    def finish_turn(
+    def turn_finished(
         self, meta: ProgramMeta, node, tokens: int, tool: Optional[str], *, tag: Optional[TurnTag] = None
     ) -> Optional[Pin]:
         """A turn's context is in the tree at ``node`` (``tokens`` long; None: a streaming session
@@ -299,7 +315,7 @@ class ContinuumRadixCache(UnifiedRadixCache):
             self._release([pin], offload=pin.program_id != meta.program_id)
         return outcome.pin
 
-    def admit_turn(
+    def turn_admitted(
         self, tag: TurnTag, context_tokens: int, *, host_loaded: int = 0, cached: int = 0, probe: bool = False
     ) -> None:
         """The turn holds its own lock on its prefix now: consume its program's pin (and host pin).
@@ -309,11 +325,17 @@ class ContinuumRadixCache(UnifiedRadixCache):
         if self.host_tier is not None:
             self._release(self.controller.host_returned(tag, host_loaded))
 
-    def abort_turn(self, meta: ProgramMeta, tag: Optional[TurnTag] = None) -> None:
+    def turn_aborted(self, meta: ProgramMeta, tag: Optional[TurnTag] = None) -> None:
         self._release(self.controller.turn_aborted(meta, tag))
 
     def end_program(self, program_id: str) -> None:
         self._release(self.controller.end_program(program_id))
+
+    def _single_shot(self, program_id: str) -> None:
+        """A first turn taken as a program (no id) was not continued: single-shot after all."""
+        state = self.controller.programs.get(program_id)
+        if state is not None and state.turns_arrived == 1 and state.in_flight == 0:
+            self._release(self.controller.end_program(program_id, single_shot=True))
 
     def step(self, now: float, program_waiting: Callable[[str], bool]) -> bool:
         """Once per scheduler iteration: advance the clock and execute the controller's step plan
@@ -322,6 +344,10 @@ class ContinuumRadixCache(UnifiedRadixCache):
         self.step_clock.set(now)
         plan = self.controller.step(program_waiting)
         freed = self._execute(plan)
+        if self.inference is not None:
+            pinned = self.controller.pins.pinned_tokens
+            self.inference.expire()  # a first turn's pin goes once it is known single-shot
+            freed |= self.controller.pins.pinned_tokens < pinned
         self.exchange_stats(now)
         if self.saver is not None and now >= self._next_stats_save:
             self._next_stats_save = now + self.controller.timings.stats_save_interval_s
@@ -374,12 +400,10 @@ class ContinuumRadixCache(UnifiedRadixCache):
         once nothing else is left."""
         keep = tag.meta.program_id if tag is not None else None
         after = tag.program_rank if reason == "admission" and tag is not None else None
-        spare = program_waiting
+        spares = (program_waiting, None) if reason == "idle" else (program_waiting,)
         shed = 0
         while shed < max(1, tokens):
-            pin = self.controller.shed(reason, ranked_after=after, keep=keep, spare_waiting=spare)
-            if pin is None and spare is not None and reason == "idle":
-                pin = self.controller.shed(reason, ranked_after=after, keep=keep)
+            pin = self.controller.shed(reason, ranked_after=after, keep=keep, spares=spares)
             if pin is None:
                 break
             self._release([pin], offload=True, sync=True)
@@ -436,9 +460,7 @@ class ContinuumRadixCache(UnifiedRadixCache):
         # is not waiting first), then evict again. Never the pin of a turn the selection under way
         # took: it frees nothing that turn's own lock does not hold.
         while not satisfied():
-            pin = self.controller.shed("alloc", spare_waiting=self.program_waiting)
-            if pin is None:
-                pin = self.controller.shed("alloc", spare_waiting=self.program_taken)
+            pin = self.controller.shed("alloc", spares=(self.program_waiting, self.program_taken))
             if pin is None:
                 break
             self._release([pin], offload=True, sync=True)

@@ -105,7 +105,7 @@ class ContinuumSchedulePolicy(SchedulePolicy):
         arrivals = queue[cut:]
         cache = self.continuum_cache
         for req in arrivals:
-            tag = get_tag(req) or cache.turn_entered(req)  # a request that bypassed the enqueue hook
+            tag = get_tag(req) or cache.request_queued(req)  # a request that bypassed the enqueue hook
             self._programs_seen |= tag.meta.program_id is not None
         if not self._programs_seen:
             for req in arrivals:
@@ -125,7 +125,7 @@ class ContinuumSchedulePolicy(SchedulePolicy):
             del queue[cut:]
             for pid in changed:
                 self._move(queue, self._by_program.get(pid, ()))
-            due, pace = self._due, controller.bounded.pace
+            due, pace = self._due, controller.bounded.overtake_clock
             while due and due[0][0] <= pace:
                 self._move(queue, (heapq.heappop(due)[2],))
             for req in arrivals:
@@ -166,7 +166,7 @@ class ContinuumSchedulePolicy(SchedulePolicy):
         tag = get_tag(req)
         controller = self.continuum_cache.controller
         after = controller.bounded.overdue_after(tag)
-        if after is not None and after > controller.bounded.pace:
+        if after is not None and after > controller.bounded.overtake_clock:
             heapq.heappush(self._due, (after, tag.request_rank, req))
         return key
 

@@ -41,21 +41,15 @@ _PROMPT_DECAY = 1.0 - 1.0 / PROMPT_WINDOW
 
 
 class BoundedWaiting:
-    def __init__(
-        self,
-        max_overtakes: int,
-        return_loss: ReturnLossMeter,
-        *,
-        min_overtakes: int = MIN_OVERTAKES,
-    ) -> None:
+    def __init__(self, max_overtakes: int, *, min_overtakes: int = MIN_OVERTAKES) -> None:
         if min_overtakes < 1:
             raise ValueError("min_overtakes must be >= 1 (a budget of 0 means no bound)")
         self.max_overtakes = max_overtakes
         self.min_overtakes = min_overtakes
-        self.return_loss = return_loss
+        self.return_loss = ReturnLossMeter()  # the thrash signal the budget follows
         # the clock overtakes are counted on: every admission advances it by its prefill work over
         # the mean prompt (an average prompt prefilled from scratch is one overtake)
-        self.pace = 0.0
+        self.overtake_clock = 0.0
         # the mean is a ratio of decayed sums (an exponential average corrected for its start):
         # seeded by one sample, as a plain exponential average is, a server's first request (a
         # 1-token health probe) would make every admission of its first hundreds count as hundreds
@@ -67,6 +61,12 @@ class BoundedWaiting:
         """Prompt tokens per admission over about the last ``PROMPT_WINDOW`` (None before any)."""
         return self._prompt_sum / self._prompt_weight if self._prompt_weight else None
 
+    def observe_return(self, previous_tokens: int, context_tokens: int, cached_tokens: int) -> None:
+        """A returning turn was admitted with ``cached_tokens`` of its ``context_tokens`` prompt
+        cached; its program had ``previous_tokens`` when its last turn finished (only what this
+        prompt still extends counts: a client that cut its history lost nothing to the pool)."""
+        self.return_loss.observe(min(previous_tokens, context_tokens), cached_tokens)
+
     def admitted(self, prompt_tokens: int, cached_tokens: int = 0) -> None:
         """A request with ``prompt_tokens`` was admitted and found ``cached_tokens`` of them cached:
         it prefills the rest."""
@@ -74,7 +74,7 @@ class BoundedWaiting:
         work = max(1.0, prompt - cached_tokens)
         self._prompt_sum = self._prompt_sum * _PROMPT_DECAY + prompt
         self._prompt_weight = self._prompt_weight * _PROMPT_DECAY + 1.0
-        self.pace += work / (self._prompt_sum / self._prompt_weight)
+        self.overtake_clock += work / (self._prompt_sum / self._prompt_weight)
 
     def budget(self, *, first_turn: bool = False) -> int:
         """Later arrivals that may be admitted ahead of a request entering the queue now (0: no
@@ -90,28 +90,29 @@ class BoundedWaiting:
         assert k_min <= budget <= k_max, (budget, k_min, k_max)
         return budget
 
-    def enter(self, tag: TurnTag, now: float, waiting_ahead: int) -> None:
-        """``tag`` (re-)entered the queue behind ``waiting_ahead`` requests (those go first under FCFS
-        too; each counted as one overtake): its wait starts now, and admissions beyond
-        these overtake it. A retracted turn starts afresh (time spent running is not waiting)."""
-        tag.queued_at = now
-        tag.overtake_base = self.pace + max(0, waiting_ahead)
-        tag.overtake_budget = self.budget(first_turn=tag.meta.has_program and tag.turn == 1)
+    def entry(self, tag: TurnTag, waiting_ahead: int) -> tuple[float, int]:
+        """``tag`` (re-)enters the queue behind ``waiting_ahead`` requests (those go first under FCFS
+        too; each counted as one overtake): the overtaking clock beyond which admissions overtake
+        it, and its budget of overtakes. A retracted turn starts afresh (time spent running is not
+        waiting)."""
+        base = self.overtake_clock + max(0, waiting_ahead)
+        return base, self.budget(first_turn=tag.meta.has_program and tag.turn == 1)
 
     def overtaken(self, tag: TurnTag) -> float:
         """Later arrivals admitted ahead of ``tag`` so far, in overtakes (approximate)."""
-        return max(0.0, self.pace - tag.overtake_base)
+        return max(0.0, self.overtake_clock - tag.overtake_base)
 
     def overdue_after(self, tag: TurnTag) -> Optional[float]:
-        """The ``pace`` at which ``tag`` becomes overdue (None: no overtaking bound)."""
+        """The ``overtake_clock`` at which ``tag`` becomes overdue (None: no overtaking bound)."""
         k = tag.overtake_budget
         return tag.overtake_base + k if k > 0 else None
 
     def is_overdue(self, tag: TurnTag) -> bool:
         due = self.overdue_after(tag)
-        return due is not None and self.pace >= due
+        return due is not None and self.overtake_clock >= due
 
     def check_integrity(self) -> None:
         mean = self.mean_prompt
-        assert self.pace >= 0.0 and (mean is None or mean >= 1.0 - 1e-9), (self.pace, mean)
+        assert self.overtake_clock >= 0.0 and (mean is None or mean >= 1.0 - 1e-9), (self.overtake_clock, mean)
         assert 0.0 <= self._prompt_weight <= PROMPT_WINDOW + 1e-9, self._prompt_weight
+        self.return_loss.check_integrity()

@@ -9,19 +9,19 @@ handles that the adapter locks and unlocks.
 With a host tier (HiCache) ``host`` (``core/host_pins.py``) decides which device pins that end
 before their program returns keep a protected host copy, and for how long.
 
-Which queue order and which TTL model it runs is its ``Rules`` (``core/rules.py``): the product's
-by default, a lab variant's by name.
+Each decision has a room of its own, chosen by the ``Rules`` (``core/rules.py``; the product's by
+default, a lab variant's by name): the queue order (``priority.py``), the TTL (``ttl.py``), the door
+and its working set (``door.py``), the wait bound (``bounded_waiting.py``), which pin to shed
+(``shedding.py``), the host tier's pins (``host_pins.py``). The controller routes events to them
+and is the only writer of turn tags and counters.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-from collections import deque
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
-from sglang_continuum.core.admission_control import AdmissionControl
-from sglang_continuum.core.bounded_waiting import BoundedWaiting
 from sglang_continuum.core.clock import Clock
 from sglang_continuum.core.counters import (
     SHED_REASONS,
@@ -32,14 +32,15 @@ from sglang_continuum.core.counters import (
     ShedCounters,
     counter_values,
 )
-from sglang_continuum.core.metadata import ProgramMeta
 from sglang_continuum.core.host_pins import HostPins
+from sglang_continuum.core.metadata import ProgramMeta
 from sglang_continuum.core.offload import ReloadCost
-from sglang_continuum.core.pins import Pin, PinTable, Tier
+from sglang_continuum.core.pins import Pin, PinSurvival, PinTable, Tier
 from sglang_continuum.core.priority import Waiting, context_gone
-from sglang_continuum.core.programs import HOST_TIER_WORKING_SET_WINDOW_S, ProgramRegistry, ProgramState
+from sglang_continuum.core.programs import ProgramRegistry, ProgramState
 from sglang_continuum.core.rules import Rules, resolve_rules
 from sglang_continuum.core.settings import ContinuumSettings
+from sglang_continuum.core.shedding import Spare
 from sglang_continuum.core.silence import Silence
 from sglang_continuum.core.stats_exchange import DURATION, OUTCOME, Sample
 from sglang_continuum.core.tool_stats import UNKNOWN_TOOL, ToolStats
@@ -48,7 +49,6 @@ from sglang_continuum.core.turns import AdmissionRecord, FinishOutcome, StepPlan
 
 CachedLookup = Optional[Callable[[], Optional[int]]]  # how much of a prompt is cached, looked up on demand
 logger = logging.getLogger(__name__)
-SURVIVAL_WINDOW = 256  # pin outcomes (hit, or shed and its program came back) pin survival reads
 
 
 class ContinuumController:
@@ -65,10 +65,15 @@ class ContinuumController:
         self.clock = clock
         self.timings = self.rules.timings
         self.timings.check(settings.max_ttl_s)
-        self.programs = ProgramRegistry(idle_timeout_s=self.timings.program_idle_timeout_s)
         self.stats = ToolStats()
+        self.door = self.rules.door(settings.admission_control, self.stats)
+        self.programs = ProgramRegistry(
+            idle_timeout_s=self.timings.program_idle_timeout_s, watcher=self.door.working_set
+        )
         self.silence = Silence(self.stats, self.programs)  # programs whose clients announce no ends
         self.pins = PinTable(budget_tokens)
+        self.shedding = self.rules.shedding(self.pins, self.programs, self.silence)
+        self.bounded = self.rules.wait_bound(settings.max_overtakes)
         self.counters = PinCounters()
         self.host = HostPins(self.programs, self.timings, clock, offload_to_host=settings.offload_to_host)
         self.admission = AdmissionCounters()
@@ -81,18 +86,14 @@ class ContinuumController:
         # each tool sample recorded here is also handed to this (a StatsExchange's record)
         self.share_sample: Optional[Callable[[str, str, float], None]] = None
         self.last_admission: Optional[AdmissionRecord] = None  # the latest turn_admitted's record
-        self._pin_outcomes: deque[bool] = deque(maxlen=SURVIVAL_WINDOW)  # True: a hit
-        self._pin_hits = 0  # of them
-        self.admission_control = AdmissionControl(settings.admission_control, self.programs, self.admission)
-        self.bounded = BoundedWaiting(settings.max_overtakes, self.admission_control.return_loss)
+        self.survival = PinSurvival()
 
     def attach_host_tier(self, *, reload: ReloadCost, host_budget_tokens: int, hold_cost: float) -> None:
         """HiCache is on: misses reload instead of recomputing, and host pins may hold
         ``host_budget_tokens`` of the host pool."""
         self.host.attach(reload, host_budget_tokens)
         self.ttl_model.use_host_tier(reload, hold_cost, self.timings.max_host_ttl_s)
-        # a program out on a tool keeps its KV on host, pinned or not: its room is kept longer
-        self.programs.working_set_window_s = HOST_TIER_WORKING_SET_WINDOW_S
+        self.door.use_host_tier()
 
     # -- events --------------------------------------------------------------------------
     def turn_arrived(
@@ -106,7 +107,7 @@ class ContinuumController:
         self.identity.count(meta.identified_by)
         if not meta.has_program:
             tag = TurnTag(meta, rank, rank, now)
-            self.bounded.enter(tag, now, waiting_ahead)
+            self._enter(tag, now, waiting_ahead)
             return tag
         if meta.program_id not in self.programs:
             late = self.silence.came_back(meta.program_id, now)
@@ -131,13 +132,17 @@ class ContinuumController:
         tag.new_program = state.turns_admitted == 0 and state.turns_finished == 0
         if miss and not tag.new_program and cached_tokens is not None:
             tag.context_gone = context_gone(state.context_tokens, prompt_tokens, cached_tokens())
-        self.bounded.enter(tag, now, waiting_ahead)
+        self._enter(tag, now, waiting_ahead)
         return tag
 
     def turn_requeued(self, tag: TurnTag, *, waiting_ahead: int = 0) -> None:
         """A retracted turn is back in the queue: its wait starts again (time spent running is
         not waiting)."""
-        self.bounded.enter(tag, self.clock(), waiting_ahead)
+        self._enter(tag, self.clock(), waiting_ahead)
+
+    def _enter(self, tag: TurnTag, now: float, waiting_ahead: int) -> None:
+        tag.queued_at = now
+        tag.overtake_base, tag.overtake_budget = self.bounded.entry(tag, waiting_ahead)
 
     def turn_admitted(
         self, tag: TurnTag, context_tokens: int, cached_tokens: Optional[int] = None, *, probe: bool = False
@@ -153,7 +158,7 @@ class ContinuumController:
         pid = tag.meta.program_id if tag.meta.has_program else None
         state = self.programs.get(pid) if pid is not None else None
         if cached_tokens is not None and state is not None and state.turns_admitted > 0:
-            self.admission_control.observe_return(state.context_tokens, context_tokens, cached_tokens)
+            self.bounded.observe_return(state.context_tokens, context_tokens, cached_tokens)
         self.last_admission = AdmissionRecord(
             tag.meta.program_id,
             tag.turn,
@@ -164,7 +169,7 @@ class ContinuumController:
             tag.held_back,
             pid is not None and pid in self.pins,
             cached_tokens,
-            self.admission_control.return_loss.ratio,
+            self.bounded.return_loss.ratio,
         )
         self.admission.admitted += 1
         if not probe:
@@ -224,10 +229,8 @@ class ContinuumController:
             return out
         if handle is not None and context_tokens > 0:
             self._pin(out, state, tool, context_tokens, handle, now)
-        if out.pin is None and not self.host.attached:
-            # no room is kept for KV the policy itself lets go; with a host tier the KV waits
-            # there, and the program stays in the working set while it is seen
-            self.programs.let_go(pid)
+        if out.pin is None:
+            self.door.kept_nothing(state)
         self.silence.went_out(state)
         return out
 
@@ -242,7 +245,7 @@ class ContinuumController:
             return
         pin = Pin(pid, context_tokens, now + ttl, state.arrival_rank, now, handle=handle)
         while self.pins.pinned_tokens + context_tokens > self.pins.budget_tokens:
-            stale = self.silence.stale_pin(now, self.pins, self.programs, keep=pid)
+            stale = self.shedding.stale(now, keep=pid)
             if stale is None:
                 break
             self._count_shed(stale, "stale")  # away past its own pace: it gives the budget up first
@@ -268,14 +271,14 @@ class ContinuumController:
         self.programs.turn_aborted(meta.program_id, self.clock())
         return self._drop_pins(meta.program_id)
 
-    def end_program(self, program_id: str) -> list[Pin]:
-        """The client says the program is over (it may not know its last turn in advance):
-        release what it holds and forget it."""
+    def end_program(self, program_id: str, *, single_shot: bool = False) -> list[Pin]:
+        """The client says the program is over (it may not know its last turn in advance): release
+        what it holds and forget it. ``single_shot``: no program after all (``first_turns.py``)."""
         released = self._drop_pins(program_id)
-        state = self.programs.forget(program_id)
-        if state is not None:
-            self.program_counters.released += 1
-        self._end_program(state, stranded=True)
+        state = self.programs.forget(program_id, learn=not single_shot)  # a one-shot teaches nothing
+        self.program_counters.released += state is not None and not single_shot
+        self.program_counters.single_shot += state is not None and single_shot
+        self._end_program(None if single_shot else state, stranded=True)
         return released
 
     def turn_retracted(self, tag: TurnTag) -> list[Pin]:
@@ -295,15 +298,18 @@ class ContinuumController:
         what they held), host pins past their host TTL."""
         now = self.clock()
         plan = StepPlan()
-        hold = self._wait_hold(program_waiting)
+        hold_s = self.timings.max_wait_hold_s  # an expired pin whose program has a turn waiting is held longer
+
+        def hold(pin: Pin) -> Optional[float]:
+            return pin.deadline + hold_s if hold_s > 0 and program_waiting(pin.program_id) else None
+
         plan.expired = self.pins.pop_expired(now, hold)
         self.counters.expired += len(plan.expired)
         for pin in plan.expired:
             state = self.programs.get(pin.program_id)
             if state is not None and state.in_flight > 0:  # its turn still waits: its wait is a sample of T
                 state.pin_lost_waiting = True
-            if not self.host.attached:  # not back within its TTL (with a host tier its KV waits there)
-                self.programs.let_go(pin.program_id)
+            self.door.kept_nothing(state)  # not back within its TTL
         self.programs.forget_idle(now)
         for state in self.programs.drain_forgotten():
             self.program_counters.forgotten += 1
@@ -326,24 +332,20 @@ class ContinuumController:
         *,
         ranked_after: Optional[int] = None,
         keep: Optional[str] = None,
-        spare_waiting: Optional[Callable[[str], bool]] = None,
+        spares: Sequence[Spare] = (None,),
     ) -> Optional[Pin]:
-        """The one shed path: release a stale pin (its program, whose client announces no ends,
-        stayed away past its own pace: ``silence.py``) if there is one, whatever its rank, else the
-        latest-arriving program's pin, optionally only one of a program ranked after
-        ``ranked_after``; never ``keep``'s, and none whose program ``spare_waiting`` says has a
-        turn waiting. ``reason`` is one of ``SHED_REASONS`` (the counter it goes to; a stale pin
-        counts as ``stale``). None when there is none."""
+        """The one shed path: the pin ``shedding.py`` chooses (stale first, then the latest
+        program's, optionally only one ranked after ``ranked_after``; never ``keep``'s; ``spares``:
+        sparing rules tried in turn), counted under ``reason`` (one of ``SHED_REASONS``; a stale
+        pin counts as ``stale``). None when there is none."""
         assert reason in SHED_REASONS, reason
-        spare = None if spare_waiting is None else (lambda pin: spare_waiting(pin.program_id))
-        pin = self.silence.stale_pin(self.clock(), self.pins, self.programs, keep=keep, spare=spare)
-        counted = "stale" if pin is not None else reason
-        if pin is None:
-            pin = self.pins.pop_latest(ranked_after=ranked_after, keep=keep, spare=spare)
-        if pin is not None:
-            self._count_shed(pin, counted)
-            self.admission.admission_sheds += reason != "alloc"  # for a blocked turn
-            logger.debug("continuum: shed pin program=%s tokens=%d (%s)", pin.program_id, pin.tokens, counted)
+        found = self.shedding.victim(self.clock(), ranked_after=ranked_after, keep=keep, spares=spares)
+        if found is None:
+            return None
+        pin, stale = found
+        self._count_shed(pin, "stale" if stale else reason)
+        self.admission.admission_sheds += reason != "alloc"  # for a blocked turn
+        logger.debug("continuum: shed pin program=%s tokens=%d (%s)", pin.program_id, pin.tokens, reason)
         return pin
 
     def _count_shed(self, pin: Pin, reason: str) -> None:
@@ -361,23 +363,15 @@ class ContinuumController:
             state.pin_shed = True
 
     def _pin_outcome(self, *, hit: bool) -> None:
-        """A pin's program came back to it (``hit``) or after it was shed. The share of hits over
-        the latest ``SURVIVAL_WINDOW`` such outcomes (Laplace-smoothed) is the pin survival the cost
-        model scales a pin's hit probability by (a pin that is likely shed is worth less); a window,
-        so that a new pressure regime moves it within minutes, not hours."""
-        window = self._pin_outcomes
-        if len(window) == window.maxlen:
-            self._pin_hits -= window[0]
-        window.append(hit)
-        self._pin_hits += hit
-        self.ttl_model.pin_survival = (self._pin_hits + 1.0) / (len(window) + 1.0)
+        """A pin's program came back to it (``hit``) or after it was shed (``PinSurvival``)."""
+        self.ttl_model.pin_survival = self.survival.outcome(hit=hit)
 
     def reset(self) -> None:
         """The engine dropped its whole cache (``/flush_cache``): every pin's node is gone, so
         pins are dropped without unlocking and counted as flushed."""
         self.counters.flushed += len(self.pins.clear())
         self.host.clear()
-        self.admission_control.return_loss.reset()  # the flush, not the load, took those contexts
+        self.bounded.return_loss.reset()  # the flush, not the load, took those contexts
 
     # -- queue order and admission -------------------------------------------------------
     def priority_key(self, tag: TurnTag, retracted: bool) -> tuple:
@@ -385,42 +379,26 @@ class ContinuumController:
         bounded waiting, ``priority.py``)."""
         pid = tag.meta.program_id
         pinned = pid is not None and pid in self.pins
-        ranks = (tag.program_rank, tag.request_rank)
-        return self.rules.order(
-            Waiting(retracted, self.is_overdue(tag), pinned, *ranks, tag.context_gone, tag.new_program)
-        )
+        return self.rules.order(Waiting(tag, retracted, self.is_overdue(tag), pinned))
 
     def is_overdue(self, tag: TurnTag) -> bool:
         """Bounded waiting (``core/bounded_waiting.py``): overtaken by its budget of later arrivals."""
         return self.bounded.is_overdue(tag)
 
-    def holds_back(
-        self,
-        tag: TurnTag,
-        request_tokens: int,
-        capacity_tokens: int,
-        *,
-        idle: bool = False,
-        pending_tokens: int = 0,
-        behind_overdue: bool = False,
-    ) -> bool:
-        """Program-level admission control (``core/admission_control.py``) for a waiting turn;
-        ``idle``: nothing else would run if it waited; ``pending_tokens``: what turns admitted
-        earlier in the same prefill selection reserve (``admission_reservation``);
-        ``behind_overdue``: an overdue first turn ahead of it is held at the door."""
-        return self.admission_control.holds_back(
-            tag,
-            request_tokens,
-            capacity_tokens,
-            idle=idle,
-            pending_tokens=pending_tokens,
-            behind_overdue=behind_overdue,
-        )
+    def holds_back(self, tag: TurnTag, request_tokens: int, capacity_tokens: int, **room) -> bool:
+        """The door (``core/door.py``, ``Door.holds_back``, whose keywords ``room`` passes on) for a
+        waiting turn; a turn held records it (once per turn)."""
+        state = self.programs.get(tag.meta.program_id) if tag.meta.has_program else None
+        held = self.door.holds_back(tag, state, request_tokens, capacity_tokens, **room)
+        if held and not tag.held_back:
+            tag.held_back = True
+            self.admission.held_back += 1
+        return held
 
     def admission_reservation(self, tag: TurnTag, request_tokens: int) -> int:
         """What a turn just added to a prefill selection will reserve in the working set once its
         admission is recorded (``turn_admitted``, after the batch is formed)."""
-        return self.admission_control.reservation(tag, request_tokens)
+        return self.door.reservation(tag, request_tokens)
 
     # -- host tier (core/host_pins.py) ---------------------------------------------------------
     def offload(self, pin: Pin) -> FinishOutcome:
@@ -455,14 +433,7 @@ class ContinuumController:
     def merge_peer_samples(self, samples: list[Sample]) -> None:
         """Tool samples other workers recorded (``StatsExchange.poll``): into the same windows as
         this worker's own, so the TTL model reads the fleet's distribution. Not shared again."""
-        durations: dict[str, list[float]] = {}
-        for kind, tool, value in samples:
-            if kind == DURATION:
-                durations.setdefault(tool, []).append(value)
-            else:
-                self._apply_tool_sample(kind, tool, value)
-        for tool, seconds in durations.items():  # one pass over each sorted window per batch
-            self.stats.record_many(tool, seconds)
+        self.stats.merge(samples)
 
     def load_snapshot(self, tool_stats: dict, signals: dict) -> None:
         self.stats.load_dict(tool_stats)
@@ -476,7 +447,8 @@ class ContinuumController:
         self.host.check_integrity(self.pins)
         self.programs.check_integrity()
         self.stats.check_integrity()
-        self.admission_control.check_integrity()
+        self.door.check_integrity()
+        assert all(self.programs.get(pid) is s for pid, s in self.door.working_set.items()), "working set"
         self.bounded.check_integrity()
         self.silence.check_integrity()
         for pin in self.pins:
@@ -485,7 +457,7 @@ class ContinuumController:
             assert pin.handle is not None, "device pin without an engine lock"
         c = self.counters
         assert c.hits + c.expired + c.shed + c.released + c.flushed + len(self.pins) == c.created, "pin counters"
-        assert self._pin_hits == sum(self._pin_outcomes), "pin survival window"
+        self.survival.check_integrity()
         d = self.sheds
         assert d.admission + d.idle + d.alloc + d.budget + d.stale == c.shed, "shed counters by rule"
         assert d.while_waiting <= c.shed, "sheds while waiting"
@@ -522,21 +494,6 @@ class ContinuumController:
             self.program_counters.not_returned += 1
 
     def _record_tool_sample(self, kind: str, tool: str, value: float) -> None:
-        self._apply_tool_sample(kind, tool, value)
+        self.stats.record_sample(kind, tool, value)
         if self.share_sample is not None:
             self.share_sample(kind, tool, value)
-
-    def _apply_tool_sample(self, kind: str, tool: str, value: float) -> None:
-        if kind == DURATION:
-            self.stats.record(tool, value)
-        else:
-            self.stats.record_outcome(tool, returned=value > 0)
-
-    def _wait_hold(self, program_waiting: Callable[[str], bool]) -> Callable[[Pin], Optional[float]]:
-        """An expired pin whose program has a turn waiting is held ``max_wait_hold_s`` longer."""
-        hold_s = self.timings.max_wait_hold_s
-
-        def hold(pin: Pin) -> Optional[float]:
-            return pin.deadline + hold_s if hold_s > 0 and program_waiting(pin.program_id) else None
-
-        return hold

@@ -60,6 +60,7 @@ class ProgramCounters:
     presumed_ended: int = 0  # silent past their own return horizon (their clients announce no ends)
     presumed_returned: int = 0  # ... of which came back after all (served as new programs)
     not_returned: int = 0  # ended while out on a tool call: that tool's return probability falls
+    single_shot: int = 0  # taken as programs from their first turn (no id), not continued: dropped, pin released
     seen: int = 0  # programs whose first turn seen here made a new entry
     # Ended here by a last step that carried its step number N: ``affine`` if turns 1..N all
     # arrived here, ``split`` if some went to another worker (routing did not keep it together).
@@ -71,7 +72,7 @@ class ProgramCounters:
 class IdentityCounters:
     """Arriving requests by where their program id came from (``metadata.SOURCES``)."""
 
-    program_id: int = 0  # custom_params.program_id (or job_id)
+    program_id: int = 0  # custom_params.program_id (or job_id; or either at the top level of an OpenAI body)
     session_id: int = 0  # SGLang's session_id
     routing_key: int = 0  # SGLang's routing key (X-SMG-Routing-Key)
     inferred: int = 0  # attributed to a program from its prefix

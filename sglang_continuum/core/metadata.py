@@ -1,7 +1,8 @@
 """Per-request program metadata: which agent program a turn belongs to, and whether it is the last.
 
 Clients put these keys in ``custom_params`` (OpenAI ``extra_body={"custom_params": {...}}``, native
-``/generate`` ``sampling_params.custom_params``). The program id is read, in order of trust, from
+``/generate`` ``sampling_params.custom_params``), or at the top level of an OpenAI body
+(``merge_top_level``: the adapter adds them to ``custom_params``). The program id is read, in order of trust, from
 ``custom_params.program_id``, SGLang's ``session_id``, and SGLang's routing key (the
 ``X-SMG-Routing-Key`` header of the OpenAI endpoints, or ``routing_key`` in a native ``/generate``
 body); a request with none of them may still be attributed to a program from its prefix
@@ -24,6 +25,11 @@ STEP_KEY = "step"  # optional: the turn's 1-based position in its program
 # Accepted spellings from other Continuum clients (the vLLM reference uses job_id / is_last_step).
 PROGRAM_ID_ALIASES = (PROGRAM_ID_KEY, "job_id")
 LAST_STEP_ALIASES = (LAST_STEP_KEY, "last_step")
+
+# Keys read as well at the top level of an OpenAI request body, where SGLang drops them: the
+# Continuum authors' mini-swe-agent fork (a vLLM client) sends ``job_id`` and ``is_last_step`` there.
+# Only the keys ``custom_params`` takes, so a client's unrelated top-level fields are never read.
+TOP_LEVEL_GROUPS = (PROGRAM_ID_ALIASES, LAST_STEP_ALIASES, (TOOL_NAME_KEY,), (STEP_KEY,))
 
 # Where a request's program id came from (``ProgramMeta.source``; counted per source in /metrics).
 SOURCE_PROGRAM_ID = "program_id"
@@ -199,3 +205,31 @@ def parse_program_meta(
         source=source,
         announces_end=announced,
     )
+
+
+def merge_top_level(
+    body: Any, custom_params: Any, report: Optional[Callable[[Optional[str], str], None]] = None
+) -> Optional[dict]:
+    """``custom_params`` with the metadata keys a client sent at the top level of its request body
+    (``TOP_LEVEL_GROUPS``) added, or None when there is nothing to add. ``custom_params`` wins: a
+    group with any key of it there is not read from the top level. Only JSON scalars are taken
+    (SGLang refuses a request whose ``custom_params`` nests); others are reported and ignored.
+    Values are checked where they are read (``parse_program_meta``), as any ``custom_params``."""
+    if not isinstance(body, Mapping) or not (custom_params is None or isinstance(custom_params, Mapping)):
+        return None  # a malformed custom_params is SGLang's to refuse and parse_program_meta's to report
+    explicit = custom_params or {}
+    added: dict[str, Any] = {}
+    for group in TOP_LEVEL_GROUPS:
+        if any(key in explicit for key in group):
+            continue
+        for key in group:
+            value = body.get(key)
+            if value is None:
+                continue
+            if isinstance(value, (str, int, float, bool)):
+                added[key] = value
+            elif report is not None:
+                report(None, f"top-level {key} must be a JSON scalar, got {type(value).__name__}")
+    if not added:
+        return None
+    return {**explicit, **added}

@@ -249,3 +249,29 @@ class PinTable:
         if len(self._by_arrival) > limit:
             self._by_arrival = [(-p.arrival_rank, -p.seq, p) for p in self._pins.values()]
             heapq.heapify(self._by_arrival)
+
+
+SURVIVAL_WINDOW = 256  # pin outcomes (hit, or shed and its program came back) the survival reads
+
+
+class PinSurvival:
+    """The share of pins whose program came back to them (a hit) rather than after they were shed,
+    over the latest ``window`` such outcomes, Laplace-smoothed: the cost model scales a pin's hit
+    probability by it (a pin that is likely shed is worth less). A window, so that a new pressure
+    regime moves it within minutes, not hours."""
+
+    def __init__(self, window: int = SURVIVAL_WINDOW) -> None:
+        self._outcomes: deque[bool] = deque(maxlen=window)  # True: a hit
+        self._hits = 0  # of them
+
+    def outcome(self, *, hit: bool) -> float:
+        """Record one outcome; returns the survival now."""
+        window = self._outcomes
+        if len(window) == window.maxlen:
+            self._hits -= window[0]
+        window.append(hit)
+        self._hits += hit
+        return (self._hits + 1.0) / (len(window) + 1.0)
+
+    def check_integrity(self) -> None:
+        assert self._hits == sum(self._outcomes), "pin survival window"

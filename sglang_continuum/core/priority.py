@@ -25,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from sglang_continuum.core.turns import TurnTag
+
 RETRACTED, PINNED, OVERDUE, WAITING, CONTEXT_GONE, NEW = 0, 1, 2, 3, 4, 5
 
 QueueKey = tuple[int, int, int]
@@ -44,15 +46,32 @@ def context_gone(context_tokens: int, prompt_tokens: int, cached_tokens: Optiona
 
 @dataclass(frozen=True, slots=True)
 class Waiting:
-    """What a queue order knows of one waiting request."""
+    """What a queue order knows of one waiting request: its own record (``TurnTag``, read as it is)
+    and three facts of the moment."""
 
+    tag: TurnTag
     retracted: bool  # SGLang re-queued it after a retraction
     overdue: bool  # overtaken by its budget of later arrivals (``core/bounded_waiting.py``)
     pinned: bool  # its program holds a live pin
-    program_rank: int  # arrival order of its program's first turn (its own without a program)
-    request_rank: int  # its own arrival order
-    context_gone: bool = False  # a return that found most of its context gone as it arrived
-    new_program: bool = True  # no turn of its program had been admitted (or no program)
+
+    @property
+    def program_rank(self) -> int:
+        """Arrival order of its program's first turn (its own without a program)."""
+        return self.tag.program_rank
+
+    @property
+    def request_rank(self) -> int:
+        return self.tag.request_rank
+
+    @property
+    def context_gone(self) -> bool:
+        """A return that found most of its context gone as it arrived."""
+        return self.tag.context_gone
+
+    @property
+    def new_program(self) -> bool:
+        """No turn of its program had been admitted when it arrived (or no program)."""
+        return self.tag.new_program
 
 
 OrderKey = Callable[[Waiting], QueueKey]  # a queue order (``core.rules.Rules.order``)

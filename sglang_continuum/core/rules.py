@@ -1,9 +1,12 @@
-"""A policy composition (``Rules``): the waiting queue's order, the TTL model and the policy's time
-scales, selected by name.
+"""A policy composition (``Rules``): one slot per decision -- the waiting queue's order, the TTL
+model, the door, the wait bound, which pin to shed -- and the policy's time scales, selected by
+name.
 
-The product is one composition, ``DEFAULT``: program-level FCFS with bounded waiting
-(``priority.program_fcfs``), the paper's cost model (``cost_model.cost_model``) and the time scales
-below. Research variants -- the paper's ablations, a probe's short lifetimes -- are other
+The product is one composition, ``DEFAULT``: program-level FCFS (``priority.program_fcfs``), the
+paper's cost model (``cost_model.cost_model``), the door with its working set (``door.Door``),
+bounded waiting (``bounded_waiting.BoundedWaiting``), stale-then-latest shedding
+(``shedding.Shedding``) and the time scales below. Each slot is a factory the controller calls
+once, so an experiment on any decision is a variant, never an edit of the controller. Research variants -- the paper's ablations, a probe's short lifetimes -- are other
 compositions, defined in the lab (``continuum_lab.bench.variants``), never switches in the product.
 A server takes one by the ``rules`` setting, ``"package.module:NAME"`` (a ``Rules``, or a function
 returning one, called with the literal keyword arguments written after it:
@@ -19,16 +22,24 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
+from sglang_continuum.core.bounded_waiting import BoundedWaiting
 from sglang_continuum.core.cost_model import cost_model
+from sglang_continuum.core.door import Door
 from sglang_continuum.core.priority import OrderKey, program_fcfs
 from sglang_continuum.core.programs import PROGRAM_IDLE_TIMEOUT_S
+from sglang_continuum.core.shedding import Shedding
 
 if TYPE_CHECKING:
-    from sglang_continuum.core.settings import ContinuumSettings
+    from sglang_continuum.core.pins import PinTable
+    from sglang_continuum.core.programs import ProgramRegistry
+    from sglang_continuum.core.silence import Silence
     from sglang_continuum.core.tool_stats import ToolStats
-    from sglang_continuum.core.ttl import TTLModel
+    from sglang_continuum.core.ttl import TTLModel, TTLSettings
 
-TTLFactory = Callable[["ContinuumSettings", "ToolStats"], "TTLModel"]
+TTLFactory = Callable[["TTLSettings", "ToolStats"], "TTLModel"]
+DoorFactory = Callable[[bool, "ToolStats"], Door]  # (admission_control setting, tool statistics) -> the door
+WaitBoundFactory = Callable[[int], BoundedWaiting]  # (max_overtakes setting) -> the wait bound
+SheddingFactory = Callable[["PinTable", "ProgramRegistry", "Silence"], Shedding]
 
 
 @dataclass(frozen=True)
@@ -56,6 +67,9 @@ class Rules:
     name: str
     order: OrderKey = program_fcfs
     ttl_model: TTLFactory = cost_model
+    door: DoorFactory = Door
+    wait_bound: WaitBoundFactory = BoundedWaiting
+    shedding: SheddingFactory = Shedding
     timings: Timings = field(default_factory=Timings)
 
 

@@ -29,243 +29,94 @@ class Series:
         return PREFIX + self.short + ("_total" if self.kind == "counter" else "")
 
 
-SERIES: tuple[Series, ...] = (
-    # gauges
-    Series("pinned_programs", "gauge", "gauge.pinned_programs", "Programs whose prefix is TTL-pinned."),
-    Series("pinned_tokens", "gauge", "gauge.pinned_tokens", "Tokens held by TTL pins (path lengths)."),
-    Series("pin_budget_tokens", "gauge", "gauge.pin_budget_tokens", "Most tokens pins may hold."),
-    Series("tracked_programs", "gauge", "gauge.tracked_programs", "Programs the registry remembers."),
-    Series(
-        "programs_in_flight",
-        "gauge",
-        "gauge.programs_in_flight",
-        "Programs in the working set (a turn waiting or running, or out on a tool while pinned, or with HiCache while seen in the last 120 s).",
-    ),
-    Series("working_set_tokens", "gauge", "gauge.working_set_tokens", "Current context tokens of programs in flight."),
-    Series(
-        "working_set_reserved_tokens",
-        "gauge",
-        "gauge.working_set_reserved_tokens",
-        "Tokens admission control keeps for programs in flight: each at least the expected final context.",
-    ),
-    Series(
-        "expected_final_context_tokens",
-        "gauge",
-        "gauge.expected_final_context_tokens",
-        "Mean final context of the last 64 programs that ended (0 before any did).",
-    ),
-    Series(
-        "programs_held_back",
-        "gauge",
-        "gauge.programs_held_back",
-        "Waiting first turns of new programs that admission control is holding back.",
-    ),
-    Series(
-        "return_loss_ratio",
-        "gauge",
-        "gauge.return_loss_ratio",
-        "Share of returning programs' previous contexts found gone (last 32 returning turns): the thrash signal.",
-    ),
-    Series(
-        "overtake_budget",
-        "gauge",
-        "gauge.overtake_budget",
-        "Later arrivals that may be admitted ahead of a returning turn entering the queue now before it is overdue, "
-        "in average prompts prefilled (max_overtakes, down to 2 as the return loss passes 0.5; a first turn keeps "
-        "max_overtakes; 0: no bound).",
-    ),
-    Series(
-        "oldest_wait_seconds", "gauge", "gauge.oldest_wait_seconds", "How long the oldest waiting request has waited."
-    ),
-    # pin counters
-    Series("pins_created", "counter", "counters.created", "Pins created after a non-final turn."),
-    Series("pin_hits", "counter", "counters.hits", "Next turns admitted while their pin held the prefix."),
-    Series("pin_expiries", "counter", "counters.expired", "Pins released at their deadline."),
-    Series("pin_sheds", "counter", "counters.shed", "Pins released early under memory, admission or budget pressure."),
-    Series("pins_refused", "counter", "counters.refused", "Pins not created: budget held by earlier programs."),
-    Series(
-        "pin_releases",
-        "counter",
-        "counters.released",
-        "Pins released by last step, abort, retraction, replacement or a forgotten program.",
-    ),
-    Series("pins_flushed", "counter", "counters.flushed", "Pins dropped with the whole cache by /flush_cache."),
-    # admission
-    Series(
-        "held_back_requests",
-        "counter",
-        "admission.held_back",
-        "New programs' first turns admission control kept waiting (once per request).",
-    ),
-    Series(
-        "admission_sheds",
-        "counter",
-        "admission.admission_sheds",
-        "Pins shed so that a blocked turn could be admitted (ranked after it, or any rank when the engine would "
-        "idle or the pin is stale).",
-    ),
-    Series("requests_admitted", "counter", "admission.admitted", "Requests admitted."),
-    Series(
-        "overdue_admitted",
-        "counter",
-        "admission.overdue_admitted",
-        "Requests that were overdue (overtaken as many times as their budget) when admitted.",
-    ),
-    # pins shed, by rule (they sum to pin_sheds)
-    Series(
-        "pin_sheds_admission",
-        "counter",
-        "sheds.admission",
-        "Pins of programs ranked after a blocked turn, shed so it could be admitted.",
-    ),
-    Series(
-        "pin_sheds_idle",
-        "counter",
-        "sheds.idle",
-        "Pins of any rank shed for a blocked turn because the engine would otherwise idle.",
-    ),
-    Series("pin_sheds_alloc", "counter", "sheds.alloc", "Pins shed because an allocation would otherwise fail."),
-    Series("pin_sheds_budget", "counter", "sheds.budget", "Pins of later programs shed for an earlier one's pin."),
-    Series(
-        "pin_sheds_stale",
-        "counter",
-        "sheds.stale",
-        "Pins shed first, whatever their rank, because their program (whose client announces no ends) "
-        "stayed away past its own pace.",
-    ),
-    Series(
-        "pin_sheds_while_waiting",
-        "counter",
-        "sheds.while_waiting",
-        "Pins shed while their program's next turn was already waiting (a certain hit thrown away).",
-    ),
-    Series(
-        "pin_sheds_returned",
-        "counter",
-        "sheds.returned",
-        "Programs that came back after their pin was shed (the cost model's pin survival reads it).",
-    ),
-    # how programs ended
-    Series("programs_ended_last_step", "counter", "programs.last_step", "Programs ended by a turn flagged last step."),
-    Series(
-        "programs_ended_by_tool",
-        "counter",
-        "programs.terminal_tool",
-        "Programs ended by a turn that called a terminal tool (terminal_tools, e.g. a submit).",
-    ),
-    Series(
-        "programs_released",
-        "counter",
-        "programs.released",
-        "Programs ended by the client after the fact (/close_session with the program id).",
-    ),
-    Series("programs_forgotten", "counter", "programs.forgotten", "Programs forgotten idle or by the registry bound."),
-    Series(
-        "programs_presumed_ended",
-        "counter",
-        "programs.presumed_ended",
-        "Programs whose client announces no ends, presumed ended: away past their own return horizon.",
-    ),
-    Series(
-        "programs_presumed_returned",
-        "counter",
-        "programs.presumed_returned",
-        "Of those, programs that came back after all (served as new programs).",
-    ),
-    Series(
-        "programs_not_returned",
-        "counter",
-        "programs.not_returned",
-        "Programs that ended while out on a tool call (lowers that tool's return probability).",
-    ),
-    # where each request's program id came from (README "Request metadata")
-    Series(
-        "requests_by_program_id",
-        "counter",
-        "identity.program_id",
-        "Requests whose program id came from custom_params.program_id.",
-    ),
-    Series(
-        "requests_by_session_id", "counter", "identity.session_id", "Requests whose program id was SGLang's session_id."
-    ),
-    Series(
-        "requests_by_routing_key",
-        "counter",
-        "identity.routing_key",
-        "Requests whose program id was SGLang's routing key (X-SMG-Routing-Key).",
-    ),
-    Series(
-        "requests_inferred",
-        "counter",
-        "identity.inferred",
-        "Requests with no id attributed to a program from their prefix (infer_programs).",
-    ),
-    Series(
-        "requests_first_turn",
-        "counter",
-        "identity.first_turn",
-        "Requests with no id that continued nothing, taken as a new program: most such requests lately were continued.",
-    ),
-    Series("requests_without_program", "counter", "identity.none", "Requests served with no program (as under fcfs)."),
-    # routing: did each program's turns reach one worker? (needs the client's step numbers)
-    Series("programs_seen", "counter", "programs.seen", "Programs whose first turn seen here was new to this worker."),
-    Series(
-        "programs_affine",
-        "counter",
-        "programs.affine",
-        "Programs that ended here (last step with its step number N) after turns 1..N all arrived here.",
-    ),
-    Series(
-        "programs_split",
-        "counter",
-        "programs.split",
-        "Programs that ended here (last step with its step number) after some turns went to another worker.",
-    ),
-    # tool statistics shared between workers (stats_publish_endpoint / stats_peer_endpoints)
-    Series("stats_samples_sent", "counter", "exchange.sent", "Tool-statistics samples published to peers."),
-    Series("stats_samples_received", "counter", "exchange.received", "Peers' tool-statistics samples merged here."),
-    Series(
-        "stats_samples_dropped",
-        "counter",
-        "exchange.dropped",
-        "Samples not shared: outbox full, or the publish queue full (a slow or dead peer).",
-    ),
-    Series("stats_peers", "gauge", "gauge.stats_peers", "Peers heard from within the last 5 seconds."),
-    # statistics persistence
-    Series("stats_saves", "counter", "saver.saved", "Tool statistics written to stats_path."),
-    Series("stats_save_failures", "counter", "saver.failures", "Failed statistics writes (serving continues)."),
-    # histogram
-    Series("ttl_seconds", "histogram", "ttl", "TTL chosen per pin decision."),
-    # host tier (HiCache)
-    Series(
-        "host_pinned_programs", "gauge", "gauge.host_pinned_programs", "Programs whose host copy is protected.", True
-    ),
-    Series("host_pinned_tokens", "gauge", "gauge.host_pinned_tokens", "Host tokens protected by host pins.", True),
-    Series(
-        "offloads",
-        "counter",
-        "host.offloaded",
-        "Expired or shed pins whose prefix went to a protected host copy.",
-        True,
-    ),
-    Series("offload_failures", "counter", "host.offload_failed", "Offloads that found no host room.", True),
-    Series("host_hits", "counter", "host.host_hits", "Returning turns that loaded their prefix back from host.", True),
-    Series(
-        "host_hit_tokens",
-        "counter",
-        "host.host_hit_tokens",
-        "Tokens loaded back from host instead of recomputed.",
-        True,
-    ),
-    Series("host_pin_expiries", "counter", "host.host_expired", "Host pins released at their host TTL.", True),
-    Series(
-        "host_pin_releases",
-        "counter",
-        "host.host_released",
-        "Host pins released by return, last step, abort, budget or flush.",
-        True,
-    ),
-)
+# name (without the prefix) | kind | source | host only | what it counts or measures
+_TABLE = """
+# gauges
+pinned_programs               | gauge     | gauge.pinned_programs               | -    | Programs whose prefix is TTL-pinned.
+pinned_tokens                 | gauge     | gauge.pinned_tokens                 | -    | Tokens held by TTL pins (path lengths).
+pin_budget_tokens             | gauge     | gauge.pin_budget_tokens             | -    | Most tokens pins may hold.
+tracked_programs              | gauge     | gauge.tracked_programs              | -    | Programs the registry remembers.
+programs_in_flight            | gauge     | gauge.programs_in_flight            | -    | Programs in the working set (a turn waiting or running, or out on a tool while pinned, or with HiCache while seen in the last 120 s).
+working_set_tokens            | gauge     | gauge.working_set_tokens            | -    | Current context tokens of programs in flight.
+working_set_reserved_tokens   | gauge     | gauge.working_set_reserved_tokens   | -    | Tokens admission control keeps for programs in flight: each at least the expected final context.
+expected_final_context_tokens | gauge     | gauge.expected_final_context_tokens | -    | Mean final context of the last 64 programs that ended (0 before any did).
+programs_held_back            | gauge     | gauge.programs_held_back            | -    | Waiting first turns of new programs that admission control is holding back.
+return_loss_ratio             | gauge     | gauge.return_loss_ratio             | -    | Share of returning programs' previous contexts found gone (last 32 returning turns): the thrash signal.
+overtake_budget               | gauge     | gauge.overtake_budget               | -    | Later arrivals that may be admitted ahead of a returning turn entering the queue now before it is overdue, in average prompts prefilled (max_overtakes, down to 2 as the return loss passes 0.5; a first turn keeps max_overtakes; 0: no bound).
+oldest_wait_seconds           | gauge     | gauge.oldest_wait_seconds           | -    | How long the oldest waiting request has waited.
+# pin counters
+pins_created                  | counter   | counters.created                    | -    | Pins created after a non-final turn.
+pin_hits                      | counter   | counters.hits                       | -    | Next turns admitted while their pin held the prefix.
+pin_expiries                  | counter   | counters.expired                    | -    | Pins released at their deadline.
+pin_sheds                     | counter   | counters.shed                       | -    | Pins released early under memory, admission or budget pressure.
+pins_refused                  | counter   | counters.refused                    | -    | Pins not created: budget held by earlier programs.
+pin_releases                  | counter   | counters.released                   | -    | Pins released by last step, abort, retraction, replacement or a forgotten program.
+pins_flushed                  | counter   | counters.flushed                    | -    | Pins dropped with the whole cache by /flush_cache.
+# admission
+held_back_requests            | counter   | admission.held_back                 | -    | New programs' first turns admission control kept waiting (once per request).
+admission_sheds               | counter   | admission.admission_sheds           | -    | Pins shed so that a blocked turn could be admitted (ranked after it, or any rank when the engine would idle or the pin is stale).
+requests_admitted             | counter   | admission.admitted                  | -    | Requests admitted.
+overdue_admitted              | counter   | admission.overdue_admitted          | -    | Requests that were overdue (overtaken as many times as their budget) when admitted.
+# pins shed, by rule (they sum to pin_sheds)
+pin_sheds_admission           | counter   | sheds.admission                     | -    | Pins of programs ranked after a blocked turn, shed so it could be admitted.
+pin_sheds_idle                | counter   | sheds.idle                          | -    | Pins of any rank shed for a blocked turn because the engine would otherwise idle.
+pin_sheds_alloc               | counter   | sheds.alloc                         | -    | Pins shed because an allocation would otherwise fail.
+pin_sheds_budget              | counter   | sheds.budget                        | -    | Pins of later programs shed for an earlier one's pin.
+pin_sheds_stale               | counter   | sheds.stale                         | -    | Pins shed first, whatever their rank, because their program (whose client announces no ends) stayed away past its own pace.
+pin_sheds_while_waiting       | counter   | sheds.while_waiting                 | -    | Pins shed while their program's next turn was already waiting (a certain hit thrown away).
+pin_sheds_returned            | counter   | sheds.returned                      | -    | Programs that came back after their pin was shed (the cost model's pin survival reads it).
+# how programs ended
+programs_ended_last_step      | counter   | programs.last_step                  | -    | Programs ended by a turn flagged last step.
+programs_ended_by_tool        | counter   | programs.terminal_tool              | -    | Programs ended by a turn that called a terminal tool (terminal_tools, e.g. a submit).
+programs_released             | counter   | programs.released                   | -    | Programs ended by the client after the fact (/close_session with the program id).
+programs_forgotten            | counter   | programs.forgotten                  | -    | Programs forgotten idle or by the registry bound.
+programs_presumed_ended       | counter   | programs.presumed_ended             | -    | Programs whose client announces no ends, presumed ended: away past their own return horizon.
+programs_presumed_returned    | counter   | programs.presumed_returned          | -    | Of those, programs that came back after all (served as new programs).
+programs_not_returned         | counter   | programs.not_returned               | -    | Programs that ended while out on a tool call (lowers that tool's return probability).
+programs_single_shot          | counter   | programs.single_shot                | -    | Requests with no id taken as programs from their first turn and not continued within the horizon first turns are watched for: dropped, their pin released.
+# where each request's program id came from (README "Request metadata")
+requests_by_program_id        | counter   | identity.program_id                 | -    | Requests whose program id came from custom_params.program_id.
+requests_by_session_id        | counter   | identity.session_id                 | -    | Requests whose program id was SGLang's session_id.
+requests_by_routing_key       | counter   | identity.routing_key                | -    | Requests whose program id was SGLang's routing key (X-SMG-Routing-Key).
+requests_inferred             | counter   | identity.inferred                   | -    | Requests with no id attributed to a program from their prefix (infer_programs).
+requests_first_turn           | counter   | identity.first_turn                 | -    | Requests with no id that continued nothing, taken as a new program: most such requests lately were continued.
+requests_without_program      | counter   | identity.none                       | -    | Requests served with no program (as under fcfs).
+# routing: did each program's turns reach one worker? (needs the client's step numbers)
+programs_seen                 | counter   | programs.seen                       | -    | Programs whose first turn seen here was new to this worker.
+programs_affine               | counter   | programs.affine                     | -    | Programs that ended here (last step with its step number N) after turns 1..N all arrived here.
+programs_split                | counter   | programs.split                      | -    | Programs that ended here (last step with its step number) after some turns went to another worker.
+# tool statistics shared between workers (stats_publish_endpoint / stats_peer_endpoints)
+stats_samples_sent            | counter   | exchange.sent                       | -    | Tool-statistics samples published to peers.
+stats_samples_received        | counter   | exchange.received                   | -    | Peers' tool-statistics samples merged here.
+stats_samples_dropped         | counter   | exchange.dropped                    | -    | Samples not shared: outbox full, or the publish queue full (a slow or dead peer).
+stats_peers                   | gauge     | gauge.stats_peers                   | -    | Peers heard from within the last 5 seconds.
+# statistics persistence
+stats_saves                   | counter   | saver.saved                         | -    | Tool statistics written to stats_path.
+stats_save_failures           | counter   | saver.failures                      | -    | Failed statistics writes (serving continues).
+# histogram
+ttl_seconds                   | histogram | ttl                                 | -    | TTL chosen per pin decision.
+# host tier (HiCache)
+host_pinned_programs          | gauge     | gauge.host_pinned_programs          | host | Programs whose host copy is protected.
+host_pinned_tokens            | gauge     | gauge.host_pinned_tokens            | host | Host tokens protected by host pins.
+offloads                      | counter   | host.offloaded                      | host | Expired or shed pins whose prefix went to a protected host copy.
+offload_failures              | counter   | host.offload_failed                 | host | Offloads that found no host room.
+host_hits                     | counter   | host.host_hits                      | host | Returning turns that loaded their prefix back from host.
+host_hit_tokens               | counter   | host.host_hit_tokens                | host | Tokens loaded back from host instead of recomputed.
+host_pin_expiries             | counter   | host.host_expired                   | host | Host pins released at their host TTL.
+host_pin_releases             | counter   | host.host_released                  | host | Host pins released by return, last step, abort, budget or flush.
+"""
+
+
+def _rows(table: str) -> tuple[Series, ...]:
+    rows = []
+    for line in table.strip().splitlines():
+        if not line.startswith("#"):
+            short, kind, source, host, doc = (cell.strip() for cell in line.split(" | ", 4))
+            rows.append(Series(short, kind, source, doc, host_only=host == "host"))
+    return tuple(rows)
+
+
+SERIES = _rows(_TABLE)
 
 BY_SOURCE: dict[str, Series] = {s.source: s for s in SERIES}
 

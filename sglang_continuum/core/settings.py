@@ -63,10 +63,15 @@ class ContinuumSettings(BaseModel):
         None, description="tool statistics loaded at start, saved periodically and at shutdown (warm start)"
     )
     stats_publish_endpoint: Optional[str] = Field(
-        None, description="zmq endpoint this worker publishes its tool samples on, e.g. tcp://0.0.0.0:5701"
+        None, description="zmq endpoint this worker publishes its tool samples on, e.g. tcp://10.0.0.5:5701"
     )
     stats_peer_endpoints: tuple[str, ...] = Field(
         (), description="peers' publish endpoints to learn from (comma-separated in the environment)"
+    )
+    stats_key_file: Optional[str] = Field(
+        None,
+        description="the fleet's CURVE key pair (zmq.auth's .key_secret file): only its holders exchange "
+        "statistics; unset, the endpoints must be local (loopback tcp, ipc)",
     )
     # experiments and debugging
     rules: str = Field(
@@ -89,12 +94,24 @@ class ContinuumSettings(BaseModel):
     @field_validator("stats_publish_endpoint", "stats_peer_endpoints")
     @classmethod
     def _zmq_endpoints(cls, value):
-        from sglang_continuum.core.stats_exchange import ENDPOINT_SCHEMES
+        from sglang_continuum.core.stats_endpoints import ENDPOINT_SCHEMES
 
         for endpoint in (value,) if isinstance(value, str) else value or ():
             if not endpoint.startswith(ENDPOINT_SCHEMES):
                 raise ValueError(f"stats endpoint {endpoint!r} must start with one of {ENDPOINT_SCHEMES}")
         return value
+
+    @field_validator("stats_key_file")
+    @classmethod
+    def _readable_keys(cls, path: Optional[str]) -> Optional[str]:
+        from sglang_continuum.core.stats_endpoints import read_keys
+
+        if path is not None:
+            try:
+                read_keys(path)
+            except (OSError, ValueError) as exc:
+                raise ValueError(f"stats_key_file {path!r}: {exc}") from exc
+        return path
 
     @field_validator("stats_path")
     @classmethod
@@ -111,6 +128,15 @@ class ContinuumSettings(BaseModel):
         if target.exists() and not os.access(target, os.W_OK):
             raise ValueError(f"stats_path {path!r} is not writable")
         return path
+
+    @model_validator(mode="after")
+    def _local_unless_keyed(self) -> "ContinuumSettings":
+        from sglang_continuum.core.stats_endpoints import check_local
+
+        if self.stats_key_file is None:  # nothing authenticates a peer: stay on this host
+            check_local("stats_publish_endpoint", [self.stats_publish_endpoint] if self.stats_publish_endpoint else [])
+            check_local("stats_peer_endpoints", self.stats_peer_endpoints)
+        return self
 
     @model_validator(mode="after")
     def _known_rules(self) -> "ContinuumSettings":

@@ -1,31 +1,46 @@
-"""Tool statistics shared between workers over zmq PUB/SUB, so every worker's TTL model sees the
+"""Tool statistics shared between workers over zmq XPUB/SUB, so every worker's TTL model sees the
 fleet's tool-time distribution and a worker that starts later is warm within a second.
 
-Each worker binds one PUB socket (``stats_publish_endpoint``) and connects one SUB socket to its
-peers (``stats_peer_endpoints``; the list may name the worker's own endpoint: its own messages
-are ignored, so every worker can be given the same list). At most every ``interval_s`` a worker
-publishes the samples it recorded since its last message (at least a heartbeat every
-``HEARTBEAT_S``) and merges what its peers sent. Its recent history (the last ``history``
-samples) is what it re-sends: at once when it hears a peer it has not heard before, which is how a
-late or restarted worker gets warm, and again whenever a peer says it is missing some of it.
+Sockets and origins. Each worker binds one XPUB socket (``stats_publish_endpoint``) and connects
+one SUB socket per peer endpoint (``stats_peer_endpoints``). What a SUB socket reads is the
+samples of the worker at that endpoint: the socket is the origin, so a message cannot speak for
+another worker. What a message says about its sender (``o``, a random id per process) only tells
+that the sender restarted (its sequence numbers start again) or that the endpoint is this worker
+itself (the list may name it, so every worker can be given the same list: that socket is closed).
 
-PUB/SUB loses what is published before a subscriber has connected (the "slow joiner") and what
-overflows a full queue, so every message also says which of its sender's samples can still be had
-(``f``: the oldest sequence number in its history) and the newest one published (``h``). A worker
-that, after merging, still lacks some sample in that range puts the peer in its own next message
-with the last sequence number up to which it has everything (``n``: ``{origin: seq}``); the peer
-then re-sends its history after that number, at most once every ``HEARTBEAT_S``. A worker that
-has everything asks for nothing, so a caught-up fleet exchanges heartbeats only.
+Data-parallel ranks. With ``--dp-size N`` each rank binds its own endpoint (``rank_endpoint``:
+the configured port + rank for tcp, a ``.dp<rank>`` suffix for ipc and inproc), subscribes to its
+sibling ranks' endpoints, and to every rank's endpoint of each peer (peers run the same
+``--dp-size``). A peer endpoint's sockets are read once its socket for this rank has said whose it
+is, so an entry that names this server (under another address) never delivers a sibling twice.
 
-Loss-tolerant by construction: sends and receives are non-blocking and bounded per call, PUB drops
-for a subscriber whose queue is full, and nothing ever waits on a peer, so a slow or dead peer
-costs nothing but its samples. Merging is bounded too: each poll hands out at most
-``max_merge_per_poll`` samples, so a newcomer's burst of histories spreads over several steps.
-Every sample carries ``(origin, seq)``; per origin the receiver keeps the sequence number up to
-which it has merged everything, plus (at most ``history``) ones merged above a gap, and takes only
-samples it has not merged, so a sample repeated by re-sends is merged at most once. A gap is
-filled by a re-send while its samples are still in the sender's history; one older than that is
-given up.
+Trust. With CURVE keys (``keys``: one key pair that every worker of the fleet holds) the XPUB
+admits only subscribers that hold the key (ZAP) and each SUB talks only to a publisher that holds
+it: without the key one can neither read nor inject. Without keys every tcp endpoint must be
+loopback (``check_local``), so only processes on this host reach the sockets. Either way a
+message is bounded: at most ``max_message_bytes`` (zmq's MAXMSGSIZE drops a larger one before it
+is read; checked again after ``recv`` for inproc), ``MAX_SAMPLES_PER_MESSAGE`` samples, and each
+origin adds at most ``MAX_TOOLS_PER_PEER`` distinct tools.
+
+History. XPUB hands up every subscription (``XPUB_VERBOSE``): when someone subscribes, the
+publisher re-sends its recent history (the last ``history`` samples) at its next allowed poll. The
+subscriber is connected by then, whichever side started first, and it gets warm whether or not it
+publishes itself or is in the publisher's own peer list.
+
+Gaps. PUB drops what overflows a full queue, so every message also says which of its sender's
+samples can still be had (``f``: the oldest sequence number in its history) and the newest one
+published (``h``). A worker that, after merging, still lacks some sample in that range puts the
+peer in its own next message with the last sequence number up to which it has everything (``n``:
+``{peer's id: seq}``); the peer then re-sends its history after that number. History re-sends
+happen at most once every ``HEARTBEAT_S``; a caught-up fleet exchanges heartbeats only.
+
+Loss-tolerant by construction: sends and receives are non-blocking and bounded per call, and
+nothing ever waits on a peer, so a slow or dead peer costs nothing but its samples. Each poll
+reads at most ``max_messages_per_poll`` messages and hands out at most ``max_merge_per_poll``
+samples, so a newcomer's burst of histories spreads over several steps. Per origin the receiver
+keeps the sequence number up to which it has merged everything, plus (at most ``history``) ones
+merged above a gap, so a sample repeated by re-sends is merged at most once. A gap is filled while
+its samples are still in the sender's history; one older than that is given up.
 
 Nothing here knows SGLang: the controller hands samples in (``record``) and merges what ``poll``
 returns; the adapter calls ``poll`` from the scheduler's step and idle loop.
@@ -36,21 +51,34 @@ from __future__ import annotations
 import logging
 import math
 import uuid
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import orjson
+
+from sglang_continuum.core.stats_endpoints import (
+    ENDPOINT_SCHEMES,
+    CurveKeys,
+    FleetKey,
+    check_local,
+    connectable,
+    rank_endpoint,
+)
 
 logger = logging.getLogger(__name__)
 
 DURATION = "d"  # a tool call's duration in seconds
 OUTCOME = "r"  # a program came back from the tool (1.0) or ended while out on it (0.0)
 KINDS = (DURATION, OUTCOME)
-HEARTBEAT_S = 0.5  # a quiet worker still announces itself this often (peers detect newcomers)
+HEARTBEAT_S = 0.5  # a quiet worker still announces itself this often; history re-sends at most this often
 ALIVE_S = 5.0  # a peer heard within this long counts as alive
 MAX_TOOL_LEN = 128
-ENDPOINT_SCHEMES = ("tcp://", "ipc://", "inproc://")
+MAX_ID_LEN = 64
+MAX_SAMPLES_PER_MESSAGE = 256
+MAX_TOOLS_PER_PEER = 128  # one origin cannot push the fleet's tools out of the 1,024 windows
+MAX_MESSAGE_BYTES = 512 * 1024  # 256 samples with the longest tool names, and a gap request per peer
+SIBLINGS = -1  # the group of this server's other data-parallel ranks
 
 Sample = tuple[str, str, float]  # (kind, tool, value)
 
@@ -59,7 +87,7 @@ Sample = tuple[str, str, float]  # (kind, tool, value)
 class ExchangeCounters:
     sent: int = 0  # samples published (history re-sends not counted again)
     received: int = 0  # peers' new samples taken in (handed to the controller by poll)
-    dropped: int = 0  # samples lost here: the outbox (local) or the inbox (peers') was full
+    dropped: int = 0  # samples lost here: the outbox or inbox was full, or a peer's tool over its bound
     malformed: int = 0  # messages or samples that could not be read (ignored)
 
 
@@ -101,18 +129,35 @@ class _Peer:
         self.done = done
 
 
+@dataclass(slots=True)
+class _Source:
+    """One SUB socket, connected to one peer endpoint: everything read from it is that peer's."""
+
+    endpoint: str
+    socket: Any
+    group: int  # the configured peer endpoint it comes from (SIBLINGS: this server's own ranks)
+    decides: bool  # the group's socket for this rank: its first message says whether the group is us
+    peer: _Peer = field(default_factory=_Peer)
+    id: Optional[str] = None  # what the peer calls itself; a new id is a restart (sequence numbers again)
+    tools: set[str] = field(default_factory=set)  # distinct tools taken from this origin (bounded)
+
+
 class StatsExchange:
     def __init__(
         self,
         publish_endpoint: Optional[str],
         peer_endpoints: Sequence[str] = (),
         *,
+        keys: Optional[CurveKeys] = None,
+        dp_rank: int = 0,
+        dp_size: int = 1,
         interval_s: float = 0.1,
         history: int = 1024,
         max_outbox: int = 4096,
         max_messages_per_poll: int = 64,
         max_merge_per_poll: int = 64,
         max_inbox: int = 16_384,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
         queue_messages: int = 256,
         max_peers: int = 256,
         origin: Optional[str] = None,
@@ -122,6 +167,17 @@ class StatsExchange:
         for endpoint in (publish_endpoint, *peer_endpoints):
             if endpoint is not None and not endpoint.startswith(ENDPOINT_SCHEMES):
                 raise ValueError(f"stats endpoint {endpoint!r} must start with one of {ENDPOINT_SCHEMES}")
+        if keys is None:
+            check_local("stats_publish_endpoint", [publish_endpoint] if publish_endpoint else [])
+            check_local("stats_peer_endpoints", peer_endpoints)
+        links = []  # (endpoint, group, decides)
+        if publish_endpoint:
+            base = connectable(publish_endpoint)
+            links += [(rank_endpoint(base, r), SIBLINGS, False) for r in range(dp_size) if r != dp_rank]
+        for group, endpoint in enumerate(peer_endpoints):
+            links += [(rank_endpoint(endpoint, r), group, r == dp_rank) for r in range(dp_size)]
+        if len(links) > max_peers:
+            raise ValueError(f"{len(links)} stats peer sockets (endpoints x dp ranks) is over {max_peers}")
         self._zmq = zmq
         self.origin = origin or uuid.uuid4().hex[:16]
         self.interval_s = interval_s
@@ -129,27 +185,43 @@ class StatsExchange:
         self.max_messages_per_poll = max_messages_per_poll
         self.max_merge_per_poll = max_merge_per_poll
         self.max_inbox = max_inbox
-        self.max_peers = max_peers
+        self.max_message_bytes = max_message_bytes
         self.max_ahead = max(history, 1)
         self.counters = ExchangeCounters()
+        self._keys = keys
         self._context = zmq.Context()
-        self._pub = self._sub = None
+        self._auth = None
+        self._pub = None
+        self._sources: dict[Any, _Source] = {}  # by socket
+        self._groups: dict[int, Optional[bool]] = {SIBLINGS: True}  # True: a peer's; False: us; None: not yet known
+        self._poller = zmq.Poller()
         try:
+            if keys is not None and publish_endpoint:
+                from zmq.auth.thread import ThreadAuthenticator
+
+                self._auth = ThreadAuthenticator(self._context)
+                self._auth.start()
+                self._auth.configure_curve_callback("*", FleetKey(keys[0]))
             if publish_endpoint:
-                self._pub = self._socket(zmq.PUB, queue_messages)
-                self._pub.bind(publish_endpoint)
-            if peer_endpoints:
-                self._sub = self._socket(zmq.SUB, queue_messages)
-                self._sub.setsockopt(zmq.SUBSCRIBE, b"")
-                for endpoint in peer_endpoints:
-                    self._sub.connect(endpoint)  # zmq connects (and reconnects) in the background
+                self._pub = self._socket(zmq.XPUB, queue_messages)
+                self._pub.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscriber's subscription, not just the first
+                self._pub.setsockopt(zmq.MAXMSGSIZE, 1024)  # subscribers send subscriptions only
+                self._pub.bind(rank_endpoint(publish_endpoint, dp_rank))
+            for endpoint, group, decides in links:
+                sock = self._socket(zmq.SUB, queue_messages)
+                sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+                sock.setsockopt(zmq.SUBSCRIBE, b"")
+                sock.connect(endpoint)  # zmq connects (and reconnects) in the background
+                self._sources[sock] = _Source(endpoint, sock, group, decides)
+                self._groups.setdefault(group, None)
+                if group == SIBLINGS or decides:
+                    self._poller.register(sock, zmq.POLLIN)
         except zmq.ZMQError:
             self.close()
             raise
         self._seq = 0
         self._outbox: deque[tuple[int, str, str, float]] = deque()  # not yet published
         self._history: deque[tuple[int, str, str, float]] = deque(maxlen=history)  # what a newcomer gets
-        self._peers: OrderedDict[str, _Peer] = OrderedDict()
         self._inbox: deque[Sample] = deque()  # received, not yet handed out (merging is bounded per poll)
         self._resend_after: Optional[int] = None  # re-send the history after this sequence number
         self._next_resend = -math.inf
@@ -160,7 +232,14 @@ class StatsExchange:
         zmq = self._zmq
         sock = self._context.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)  # closing never waits for a peer
-        sock.setsockopt(zmq.SNDHWM if kind == zmq.PUB else zmq.RCVHWM, queue_messages)
+        sock.setsockopt(zmq.SNDHWM if kind == zmq.XPUB else zmq.RCVHWM, queue_messages)
+        if self._keys is not None:
+            public, secret = self._keys
+            sock.curve_publickey, sock.curve_secretkey = public, secret
+            if kind == zmq.XPUB:
+                sock.curve_server = True
+            else:
+                sock.curve_serverkey = public  # the publisher must hold the fleet's secret key
         return sock
 
     # -- the controller's side -------------------------------------------------------------
@@ -168,7 +247,7 @@ class StatsExchange:
         """A sample recorded here; published at the next ``poll``. Never blocks."""
         if self._pub is None:
             return
-        if len(self._outbox) >= self.max_outbox:
+        if len(self._outbox) >= self.max_outbox or len(tool) > MAX_TOOL_LEN:
             self.counters.dropped += 1
             return
         self._seq += 1
@@ -183,7 +262,8 @@ class StatsExchange:
         left to hand out, the cost is two comparisons."""
         if now >= self._next_poll:
             self._next_poll = now + self.interval_s
-            self._receive(now)  # first: a newcomer heard now gets our history at once
+            self._hear_subscribers()  # first: a newcomer subscribed now gets our history at once
+            self._receive(now)
             self._publish(now)
         if not self._inbox:
             return []
@@ -191,26 +271,43 @@ class StatsExchange:
         return [inbox.popleft() for _ in range(min(len(inbox), self.max_merge_per_poll))]
 
     def peers_alive(self, now: float) -> int:
-        return sum(1 for p in self._peers.values() if now - p.heard <= ALIVE_S)
+        return sum(1 for s in self._sources.values() if now - s.peer.heard <= ALIVE_S)
 
     def close(self) -> None:
-        for sock in (self._pub, self._sub):
+        for sock in (self._pub, *self._sources):
             if sock is not None:
                 sock.close(linger=0)
-        self._pub = self._sub = None
+        self._pub = None
+        self._sources = {}
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
         self._context.term()
 
     def check_integrity(self) -> None:
         assert len(self._outbox) <= self.max_outbox, "stats outbox over its bound"
         assert len(self._inbox) <= self.max_inbox, "stats inbox over its bound"
-        assert len(self._peers) <= self.max_peers, "too many stats peers"
         seqs = [s[0] for s in self._history]
         assert seqs == sorted(set(seqs)), "stats history out of order"
-        for peer in self._peers.values():
+        for source in self._sources.values():
+            peer = source.peer
+            assert self._groups[source.group] is not False, "a socket to this worker itself left open"
+            assert len(source.tools) <= MAX_TOOLS_PER_PEER, "too many tools from one peer"
             assert peer.done >= 0 and len(peer.ahead) <= self.max_ahead, "peer's merged sequence numbers"
             assert all(seq > peer.done + 1 for seq in peer.ahead), "peer's gap not settled"
 
     # -- internals -------------------------------------------------------------------------
+    def _hear_subscribers(self) -> None:
+        if self._pub is None:
+            return
+        for _ in range(self.max_messages_per_poll):
+            try:
+                msg = self._pub.recv(self._zmq.NOBLOCK)
+            except self._zmq.Again:
+                return
+            if msg[:1] == b"\x01":  # a subscription: a newcomer, or a peer that reconnected
+                self._want_resend(0)
+
     def _publish(self, now: float) -> None:
         if self._pub is None:
             return
@@ -227,45 +324,65 @@ class StatsExchange:
         self._outbox.clear()
         self._next_heartbeat = now + HEARTBEAT_S
         first = self._history[0][0] if self._history else self._seq + 1
-        msg = {"o": self.origin, "s": samples, "f": first, "h": self._seq}
-        missing = {o: p.done for o, p in self._peers.items() if p.missing() and now - p.heard <= ALIVE_S}
+        header = {"o": self.origin, "f": first, "h": self._seq}
+        missing: dict[str, int] = {}
+        for source in self._sources.values():
+            peer = source.peer
+            if source.id is not None and peer.missing() and now - peer.heard <= ALIVE_S:
+                missing[source.id] = min(missing.get(source.id, peer.done), peer.done)
         if missing:
-            msg["n"] = missing
-        try:
-            self._pub.send(orjson.dumps(msg), self._zmq.NOBLOCK)
-        except self._zmq.ZMQError:  # PUB drops rather than blocks; anything else loses one message
-            logger.debug("continuum: stats message not sent", exc_info=True)
+            header["n"] = missing
+        for start in range(0, max(len(samples), 1), MAX_SAMPLES_PER_MESSAGE):
+            try:
+                self._pub.send(
+                    orjson.dumps({**header, "s": samples[start : start + MAX_SAMPLES_PER_MESSAGE]}), self._zmq.NOBLOCK
+                )
+            except self._zmq.ZMQError:  # PUB drops rather than blocks; anything else loses the rest
+                logger.debug("continuum: stats message not sent", exc_info=True)
+                return
 
     def _receive(self, now: float) -> None:
-        if self._sub is None:
-            return
-        for _ in range(self.max_messages_per_poll):
-            try:
-                raw = self._sub.recv(self._zmq.NOBLOCK)
-            except self._zmq.Again:
-                break
-            self._take(raw, now)
+        ready = [self._sources[sock] for sock, _ in self._poller.poll(0)]
+        budget = self.max_messages_per_poll
+        while ready and budget > 0:  # one message per socket per pass: a busy peer cannot starve the rest
+            more = []
+            for source in ready:
+                if budget == 0 or source.socket.closed:
+                    continue
+                try:
+                    raw = source.socket.recv(self._zmq.NOBLOCK)
+                except self._zmq.Again:
+                    continue
+                budget -= 1
+                self._take(source, raw, now)
+                more.append(source)
+            ready = more
 
-    def _take(self, raw: bytes, now: float) -> None:
+    def _take(self, source: _Source, raw: bytes, now: float) -> None:
         try:
+            if len(raw) > self.max_message_bytes:  # zmq's MAXMSGSIZE does not apply to inproc
+                raise ValueError(f"{len(raw)} bytes")
             msg = orjson.loads(raw)
             origin, samples = msg["o"], msg["s"]
-            if not isinstance(origin, str) or not isinstance(samples, list):
-                raise TypeError("origin must be a string and samples a list")
-        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+            if not (isinstance(origin, str) and len(origin) <= MAX_ID_LEN):
+                raise TypeError("origin must be a short string")
+            if not (isinstance(samples, list) and len(samples) <= MAX_SAMPLES_PER_MESSAGE):
+                raise TypeError(f"samples must be a list of at most {MAX_SAMPLES_PER_MESSAGE}")
+        except (ValueError, KeyError, TypeError) as exc:  # orjson.JSONDecodeError is a ValueError
             self.counters.malformed += 1
             logger.debug("continuum: malformed stats message ignored: %s", exc)
             return
-        if origin == self.origin:
+        if origin == self.origin:  # this endpoint is this worker itself (the list may name it)
+            if source.group != SIBLINGS:
+                self._set_group(source.group, False)
             return
-        peer = self._peers.get(origin)
-        if peer is None:
-            peer = self._peers[origin] = _Peer()
-            self._want_resend(0)  # a newcomer: it gets what we know
-            while len(self._peers) > self.max_peers:
-                self._peers.popitem(last=False)
-        else:
-            self._peers.move_to_end(origin)
+        if source.decides and self._groups[source.group] is None:
+            self._set_group(source.group, True)
+        if source.id != origin:
+            if source.id is not None:  # the peer restarted: its sequence numbers start again
+                source.peer = _Peer()
+            source.id = origin
+        peer = source.peer
         peer.heard = now
         for item in samples:
             seq = item[0] if isinstance(item, list) and item else None
@@ -275,7 +392,7 @@ class StatsExchange:
                 sample = _read_sample(item)
                 if sample is None:
                     self.counters.malformed += 1
-                elif len(self._inbox) >= self.max_inbox:
+                elif len(self._inbox) >= self.max_inbox or not self._tool_allowed(source, sample[2]):
                     self.counters.dropped += 1
                 else:
                     self._inbox.append(sample[1:])
@@ -289,6 +406,29 @@ class StatsExchange:
             done = missing.get(self.origin)
             if _is_int(done):
                 self._want_resend(done)
+
+    def _tool_allowed(self, source: _Source, tool: str) -> bool:
+        if tool in source.tools:
+            return True
+        if len(source.tools) >= MAX_TOOLS_PER_PEER:
+            return False
+        source.tools.add(tool)
+        return True
+
+    def _set_group(self, group: int, is_peer: bool) -> None:
+        """A peer endpoint's socket for this rank has spoken: read the group's other ranks too, or
+        (it is this server) close them all."""
+        self._groups[group] = is_peer
+        for sock, source in list(self._sources.items()):
+            if source.group != group:
+                continue
+            if not is_peer:
+                if source.decides:
+                    self._poller.unregister(sock)
+                del self._sources[sock]
+                sock.close(linger=0)
+            elif not source.decides:
+                self._poller.register(sock, self._zmq.POLLIN)
 
     def _want_resend(self, after: int) -> None:
         """A peer lacks some of our samples after ``after``: re-send them (at the next allowed poll)."""

@@ -18,6 +18,8 @@ from typing import Iterable, Optional
 
 import numpy as np
 
+from sglang_continuum.core.stats_exchange import DURATION, Sample
+
 UNKNOWN_TOOL = "unknown"
 
 
@@ -150,6 +152,25 @@ class ToolStats:
         else:
             self._tools.move_to_end(tool)
         return w
+
+    def record_sample(self, kind: str, tool: str, value: float) -> None:
+        """One sample of the kinds workers share (``stats_exchange``): a duration, or an outcome."""
+        if kind == DURATION:
+            self.record(tool, value)
+        else:
+            self.record_outcome(tool, returned=value > 0)
+
+    def merge(self, samples: Iterable[Sample]) -> None:
+        """Samples other workers recorded, into the same windows as this worker's own (one pass
+        over each sorted window per batch)."""
+        durations: dict[str, list[float]] = {}
+        for kind, tool, value in samples:
+            if kind == DURATION:
+                durations.setdefault(tool, []).append(value)
+            else:
+                self.record_sample(kind, tool, value)
+        for tool, seconds in durations.items():
+            self.record_many(tool, seconds)
 
     def record_outcome(self, tool: Optional[str], returned: bool) -> None:
         """A program that called ``tool`` came back (True) or ended while out on it (False)."""

@@ -14,15 +14,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import Optional, Protocol
 
 import numpy as np
 
 from sglang_continuum.core.tool_stats import ToolStats
 
-if TYPE_CHECKING:
-    from sglang_continuum.core.offload import ReloadCost
-    from sglang_continuum.core.settings import ContinuumSettings
+
+class Reload(Protocol):
+    """What a TTL model reads of the host tier's transfer-time model (``offload.ReloadCost``)."""
+
+    def seconds(self, tokens: int) -> float: ...
+
+
+class TTLSettings(Protocol):
+    """What a TTL model reads of the operator's settings (``ContinuumSettings`` has both)."""
+
+    max_ttl_s: float
+    prefill_profile: Optional[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,10 +45,10 @@ class TTLModel:
 
     name = "base"
 
-    def __init__(self, settings: "ContinuumSettings", stats: ToolStats) -> None:
+    def __init__(self, settings: TTLSettings, stats: ToolStats) -> None:
         self.settings = settings
         self.stats = stats
-        self.reload: Optional["ReloadCost"] = None  # set when a host tier (HiCache) is attached
+        self.reload: Optional[Reload] = None  # set when a host tier (HiCache) is attached
         self.host_hold_cost = 1.0
         self.max_host_ttl_s = 0.0  # the longest host TTL (with a host tier)
         # share of pins that survived until their program came back (hits / (hits + sheds of
@@ -61,7 +70,7 @@ class TTLModel:
         return 0.0
 
     # -- host tier -----------------------------------------------------------------------
-    def use_host_tier(self, reload: "ReloadCost", hold_cost: float, max_host_ttl_s: float) -> None:
+    def use_host_tier(self, reload: Reload, hold_cost: float, max_host_ttl_s: float) -> None:
         """A miss now costs a reload, not a prefill; host memory costs ``hold_cost`` x device's; a
         host copy is protected for at most ``max_host_ttl_s``."""
         self.reload = reload

@@ -27,7 +27,7 @@ class TurnTag:
     context_gone: bool = False  # a return without a pin that found most of its context gone on arrival
     new_program: bool = True  # no turn of its program had been admitted when it arrived (or no program)
     # Bounded waiting. ``queued_at``: when it (re-)entered the queue (a retraction restarts it).
-    # ``overtake_base``: the overtaking clock (``BoundedWaiting.pace``) when it (re-)entered, plus
+    # ``overtake_base``: the overtaking clock (``BoundedWaiting.overtake_clock``) when it (re-)entered, plus
     # the requests already waiting then (those go first under FCFS too); the clock beyond that is
     # how far it was overtaken.
     # ``overtake_budget``: how many overtakes make it overdue, fixed when it (re-)entered so that

@@ -305,3 +305,40 @@ def test_sigterm_to_the_launcher_alone_saves_the_statistics(tiny_model, tmp_path
         srv.proc.wait(timeout=120)
     saved = json.loads(path.read_text())
     assert len(saved["tool_stats"]["tools"]["bash"]) == 2
+
+
+def test_top_level_job_id_and_is_last_step_of_the_continuum_authors_client(continuum_server):
+    """Their mini-swe-agent fork's vLLM client sends ``job_id`` and ``is_last_step`` as top-level
+    fields of the chat/completions body, which SGLang's request models drop: the plugin reads them
+    as program metadata. Turn 1 of run-3 is pinned for program run-3 (closing run-3 ends a program
+    that exists); a top-level ``is_last_step`` on /v1/completions pins nothing; ``custom_params``
+    wins over top-level fields."""
+    url = continuum_server.url
+    by_id, created = "sglang:continuum_requests_by_program_id_total", "sglang:continuum_pins_created_total"
+    released = "sglang:continuum_programs_released_total"
+    before = parse_metrics(continuum_server.metrics())
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": text(60, 59)}],
+        "job_id": "run-3",
+        "is_last_step": False,
+        "max_tokens": 8,
+    }
+    r = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    pinned = parse_metrics(continuum_server.metrics())
+    assert pinned[by_id] == before[by_id] + 1 and pinned[created] == before[created] + 1
+    httpx.post(url + RELEASE_PATH, json=release_body("run-3"), timeout=30)
+    after = wait_for_metrics(continuum_server, lambda m: m[released] == before[released] + 1)
+    assert after[released] == before[released] + 1 and after["sglang:continuum_pinned_programs"] == 0
+    body = {"model": "m", "prompt": text(40, 60), "job_id": "run-4", "is_last_step": True, "max_tokens": 4}
+    assert httpx.post(url + "/v1/completions", json=body, timeout=120).status_code == 200
+    last = parse_metrics(continuum_server.metrics())
+    assert last[by_id] == after[by_id] + 1 and last[created] == after[created]  # a last step: no pin
+    body = {**body, "is_last_step": False, "custom_params": {"program_id": "explicit-5", "is_last_step": True}}
+    assert httpx.post(url + "/v1/completions", json=body, timeout=120).status_code == 200
+    final = parse_metrics(continuum_server.metrics())
+    assert final[by_id] == last[by_id] + 1 and final[created] == last[created]  # custom_params' last step
+    body = {**body, "custom_params": None, "job_id": {"nested": {"id": 1}}}  # ignored, the request served
+    assert httpx.post(url + "/v1/completions", json=body, timeout=120).status_code == 200
+    assert parse_metrics(continuum_server.metrics())[by_id] == final[by_id]

@@ -152,7 +152,7 @@ def test_an_overdue_first_turn_held_at_the_door_is_not_overtaken_by_smaller_ones
     controller = cache.controller
     rng = random.Random(4)
     # sized by today's contexts: the programs this module ended set no growth here
-    monkeypatch.setattr(type(controller.programs), "expected_final_context", property(lambda self: 0))
+    monkeypatch.setattr(type(controller.door.working_set), "expected_final_context", property(lambda self: 0))
     request = driver.submit(tokens(rng, 500), max_new_tokens=4, custom_params=meta("resident"))
     driver.run_until_idle()
     assert controller.pins.get("resident") is not None  # in the working set: 500 of 1,024 tokens

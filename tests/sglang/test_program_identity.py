@@ -154,6 +154,7 @@ def test_once_first_turns_are_continued_a_first_turn_is_a_program_and_its_first_
     r2 = driver.submit(ctx + driver.output_ids(r1) + tokens(rng, 8), max_new_tokens=2)
     driver.run_until_idle()
     cache.end_program(driver.req(r2)._continuum_tag.meta.program_id)
+    time.sleep(0.25)  # outcomes count a horizon (here 0.2 s) after the first turn finished
     before = (identity.first_turn, controller.counters.created, controller.counters.hits)
     ctx = tokens(rng, 140)
     r3 = driver.submit(ctx, max_new_tokens=6)
@@ -178,6 +179,7 @@ def test_once_first_turns_are_continued_a_first_turn_is_a_program_and_its_first_
     driver.run_until_idle()
     assert driver.req(r5)._continuum_tag.meta.program_id is None  # 2 continued, 3 not
     assert not cache.inference.first_turns.are_programs()
+    assert controller.program_counters.single_shot == 3  # dropped, their pins released
     drain_pins(driver)
     for pid in [s.program_id for s in list(controller.programs) if s.program_id.startswith("inferred-")]:
         cache.end_program(pid)
@@ -196,14 +198,14 @@ def test_sglang_health_probes_are_not_remembered_as_programs(driver):
     cache = driver.s.tree_cache
     bounded = cache.controller.bounded
     remembered = len(cache.inference._provisional)
-    pace, mean = bounded.pace, bounded.mean_prompt
+    pace, mean = bounded.overtake_clock, bounded.mean_prompt
     rid = driver.submit(tokens(rng, 40), max_new_tokens=2, rid=f"{HEALTH_CHECK_RID_PREFIX}_probe")
     driver.run_until_idle()
     req = driver.req(rid)
     assert req.finished() and getattr(req, "_continuum_first_turn", None) is None
     assert len(cache.inference._provisional) <= remembered
-    assert (bounded.pace, bounded.mean_prompt) == (pace, mean)
+    assert (bounded.overtake_clock, bounded.mean_prompt) == (pace, mean)
     driver.submit(tokens(rng, 40), max_new_tokens=2)  # the same request, not a probe: counted
     driver.run_until_idle()
-    assert bounded.pace > pace
+    assert bounded.overtake_clock > pace
     cache.check_integrity()

@@ -72,15 +72,15 @@ def test_incremental_order_equals_a_fresh_sort(sglang_globals, script):
             program, length = arg
             req = make_req(f"r{n}", program, [n % 500 + 1, 2, 3, *[4] * length])
             queue.append(req)
-            cache.turn_entered(req, waiting_ahead=len(queue) - 1)
+            cache.request_queued(req, waiting_ahead=len(queue) - 1)
             policy.requeued(req)
         elif op == "admit" and queue:
             req = queue.pop(arg % len(queue))
-            cache.on_admitted(req)  # consumes its program's pin: other waiting keys change
+            cache.request_admitted(req)  # consumes its program's pin: other waiting keys change
         elif op == "retract" and queue:
             req = queue.pop(arg % len(queue))
             req.is_retracted = True
-            cache.turn_entered(req, waiting_ahead=len(queue))  # back in the queue: its wait restarts
+            cache.request_queued(req, waiting_ahead=len(queue))  # back in the queue: its wait restarts
             queue.append(req)
             policy.requeued(req)
         elif op == "pin":

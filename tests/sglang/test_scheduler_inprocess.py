@@ -458,7 +458,7 @@ def test_returning_turns_feed_the_return_loss_with_the_prefix_the_real_cache_fou
     rng = random.Random(21)
     drain_pins(driver)
     cache = driver.s.tree_cache
-    meter = cache.controller.admission_control.return_loss
+    meter = cache.controller.bounded.return_loss
     contexts = {}
     for pid, tool in (("rl-hit", "fast"), ("rl-miss", "slow")):  # fast: pinned; slow: never pinned
         contexts[pid] = tokens(rng, 200)
@@ -526,7 +526,7 @@ def test_admission_control_keeps_no_room_for_a_program_the_cost_model_let_go(dri
         controller.stats.record("slow", 500.0)
     driver.submit(tokens(rng, 500), max_new_tokens=4, custom_params=meta("ws-out", "slow"))
     driver.run_until_idle()
-    assert "ws-out" not in controller.pins and controller.programs.working_set_tokens == 0
+    assert "ws-out" not in controller.pins and controller.door.working_set.tokens == 0
     x = driver.submit(tokens(rng, 20), max_new_tokens=200)  # a decode: holding back would not idle
     driver.step()
     newcomer = driver.submit(tokens(rng, 600), max_new_tokens=4, custom_params=meta("ws-new"))
@@ -552,11 +552,11 @@ def test_one_prefill_selection_does_not_let_a_wave_of_new_programs_past_the_door
     controller = cache.controller
     mp = pytest.MonkeyPatch()
     # sized by today's contexts: the programs this module ended set no expected growth here
-    mp.setattr(type(controller.programs), "expected_final_context", property(lambda self: 0))
+    mp.setattr(type(controller.door.working_set), "expected_final_context", property(lambda self: 0))
     try:
         driver.submit(tokens(rng, 400), max_new_tokens=4, custom_params=meta("wave-old", "fast"))
         driver.run_until_idle()
-        assert "wave-old" in controller.pins and controller.programs.reserved_tokens() >= 400
+        assert "wave-old" in controller.pins and controller.door.working_set.reserved_tokens() >= 400
         x = driver.submit(tokens(rng, 20), max_new_tokens=200)  # a decode: holding back would not idle
         driver.step()
         first = driver.submit(tokens(rng, 350), max_new_tokens=4, custom_params=meta("wave-1"))

@@ -15,10 +15,11 @@ from tests.support import controller
 
 
 def waiting(loss: float, samples: int = 32, max_overtakes: int = 32) -> BoundedWaiting:
-    meter = ReturnLossMeter(window=32)
+    bounded = BoundedWaiting(max_overtakes)
+    bounded.return_loss = ReturnLossMeter(window=32)
     for _ in range(samples):
-        meter.observe(1000, round(1000 * (1.0 - loss)))
-    return BoundedWaiting(max_overtakes, meter)
+        bounded.observe_return(1000, 1000, round(1000 * (1.0 - loss)))
+    return bounded
 
 
 def test_budget_is_full_while_the_pool_keeps_locality():
@@ -38,7 +39,7 @@ def test_a_floor_of_zero_is_refused():
     # budget 0 means "no bound" (overdue_after), so a floor of 0 would unbound exactly the turns of a
     # thrashing pool
     with pytest.raises(ValueError, match="min_overtakes"):
-        BoundedWaiting(32, ReturnLossMeter(), min_overtakes=0)
+        BoundedWaiting(32, min_overtakes=0)
 
 
 @given(
@@ -47,8 +48,8 @@ def test_a_floor_of_zero_is_refused():
     k_min=st.integers(1, 64),
 )
 def test_budget_stays_between_floor_and_ceiling(losses, k_max, k_min):
-    meter = ReturnLossMeter(window=32)
-    bounded = BoundedWaiting(k_max, meter, min_overtakes=k_min)
+    bounded = BoundedWaiting(k_max, min_overtakes=k_min)
+    meter = bounded.return_loss = ReturnLossMeter(window=32)
     for loss in losses:
         meter.observe(1000, round(1000 * (1.0 - loss)))
         budget = bounded.budget()
@@ -77,7 +78,7 @@ def test_a_late_request_is_overdue_sooner_once_the_pool_thrashes():
     before = c.turn_arrived(ProgramMeta("before", False, None))
     assert before.overtake_budget == 32
     thrash(c)
-    assert c.admission_control.return_loss.ratio == 1.0 and c.bounded.budget() == floor
+    assert c.bounded.return_loss.ratio == 1.0 and c.bounded.budget() == floor
     again = c.turn_arrived(late)  # the late program's next turn, while the pool thrashes
     assert again.turn == 2 and again.overtake_budget == floor
     new = c.turn_arrived(ProgramMeta("new", False, None))
@@ -98,15 +99,15 @@ def test_a_first_admission_of_one_token_does_not_make_every_later_one_count_hund
     """A fresh server's first admission is often a 1-token health probe: the mean prompt must not
     start there and crawl up (with every admission counting hundreds of overtakes meanwhile, every
     waiting request is overdue and program order is gone)."""
-    bounded = BoundedWaiting(32, ReturnLossMeter())
+    bounded = BoundedWaiting(32)
     bounded.admitted(1)
     for _ in range(20):
         bounded.admitted(500)
     steps = []
     for _ in range(10):
-        before = bounded.pace
+        before = bounded.overtake_clock
         bounded.admitted(500)
-        steps.append(bounded.pace - before)
+        steps.append(bounded.overtake_clock - before)
     assert all(0.95 < step < 1.1 for step in steps), steps  # an average prompt from scratch: one overtake
     assert bounded.mean_prompt == pytest.approx(500, rel=0.05)
     bounded.check_integrity()
@@ -114,11 +115,11 @@ def test_a_first_admission_of_one_token_does_not_make_every_later_one_count_hund
 
 @given(admissions=st.lists(st.tuples(st.integers(0, 200_000), st.floats(0.0, 1.0)), min_size=1, max_size=600))
 def test_the_mean_prompt_stays_within_the_prompts_it_averages(admissions):
-    bounded = BoundedWaiting(32, ReturnLossMeter())
+    bounded = BoundedWaiting(32)
     for prompt, cached_share in admissions:
-        before = bounded.pace
+        before = bounded.overtake_clock
         bounded.admitted(prompt, int(prompt * cached_share))
-        assert bounded.pace > before  # every admission moves the clock, a full hit a little
+        assert bounded.overtake_clock > before  # every admission moves the clock, a full hit a little
         bounded.check_integrity()
     prompts = [max(1, p) for p, _ in admissions]
     assert min(prompts) - 1e-6 <= bounded.mean_prompt <= max(prompts) + 1e-6
@@ -131,10 +132,10 @@ def test_a_health_probe_does_not_move_the_overtaking_clock():
     c, _ = controller()
     for i in range(8):
         c.turn_admitted(c.turn_arrived(ProgramMeta(f"p{i}", False, None)), 500)
-    pace, mean = c.bounded.pace, c.bounded.mean_prompt
+    pace, mean = c.bounded.overtake_clock, c.bounded.mean_prompt
     for _ in range(1000):
         c.turn_admitted(c.turn_arrived(NO_PROGRAM), 1, probe=True)
-    assert c.bounded.pace == pace and c.bounded.mean_prompt == mean
+    assert c.bounded.overtake_clock == pace and c.bounded.mean_prompt == mean
     waiting = c.turn_arrived(ProgramMeta("late", False, None))
     c.turn_admitted(c.turn_arrived(ProgramMeta("next", False, None)), 500)
     assert c.bounded.overtaken(waiting) == pytest.approx(1.0, abs=0.05)

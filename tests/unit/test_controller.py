@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 from sglang_continuum.core.metadata import ProgramMeta
 from sglang_continuum.core.priority import Waiting, program_fcfs
 from sglang_continuum.core.settings import ContinuumSettings
+from sglang_continuum.core.turns import TurnTag
 from tests.support import controller, request_fcfs
 
 
@@ -120,7 +121,8 @@ def test_budget_refusal_and_shed_counts():
 
 def test_priority_key_order():
     def key(retracted=False, overdue=False, pinned=False, program=0, request=0, gone=False, new=False):
-        return program_fcfs(Waiting(retracted, overdue, pinned, program, request, gone, new))
+        tag = TurnTag(ProgramMeta(), request, program, context_gone=gone, new_program=new)
+        return program_fcfs(Waiting(tag, retracted, overdue, pinned))
 
     # pinned turns (resident prefix) before overdue ones; an overdue pinned turn is pinned; returns
     # whose context is cached in program order, then returns whose context is gone in arrival
@@ -335,8 +337,9 @@ def test_an_unknown_setting_stops_start_up_naming_it(tmp_path):
         ContinuumSettings(rules="sglang_continuum.core.rules:Timings")
 
 
-def test_the_operator_has_at_most_fifteen_settings():
-    assert len(ContinuumSettings.model_fields) <= 15
+def test_the_operator_has_at_most_sixteen_settings():
+    # sixteen: stats_key_file, the keys that let shared statistics leave the host (CURVE)
+    assert len(ContinuumSettings.model_fields) <= 16
 
 
 def test_T_is_the_admission_wait_of_returning_misses():
@@ -362,8 +365,8 @@ def test_shedding_spares_programs_whose_next_turn_waits():
         c.turn_finished(turn(pid), context_tokens=10, handle=pid)
     c.turn_arrived(turn("c"))  # c (the latest program) is back and waits: its pin is a certain hit
     waiting = {"c"}
-    assert c.shed("admission", spare_waiting=waiting.__contains__).program_id == "b"
-    assert c.shed("admission", ranked_after=1, spare_waiting=waiting.__contains__) is None  # only a ranks <= 1
+    assert c.shed("admission", spares=(waiting.__contains__,)).program_id == "b"
+    assert c.shed("admission", ranked_after=1, spares=(waiting.__contains__,)) is None  # only a ranks <= 1
     assert c.pins.get("c") is not None
     assert c.shed("idle").program_id == "c"  # the idle path takes what is left
     assert (c.sheds.admission, c.sheds.idle, c.sheds.while_waiting) == (1, 1, 1)
@@ -439,6 +442,22 @@ def test_end_program_releases_pins_at_once_and_teaches_non_return():
     assert c.program_counters.released == 1 and c.program_counters.not_returned == 1
     assert c.stats.return_probability("bash:python") == pytest.approx(0.5)  # (0 + 1) / (1 + 1)
     assert c.end_program("p") == [] and c.program_counters.released == 1  # twice is harmless
+    c.check_integrity()
+
+
+def test_a_first_turn_found_single_shot_is_dropped_without_teaching_anything():
+    """A request with no id taken as a program from its first turn, not continued: its pin goes
+    and it is forgotten, learning neither a tool's non-return nor a program's length."""
+    c, clock = make(fixed_ttl_s=30.0)
+    c.turn_arrived(ProgramMeta("inferred-1", source="first_turn"))
+    assert c.turn_finished(ProgramMeta("inferred-1", source="first_turn"), context_tokens=100, handle="h").pin
+    assert [p.handle for p in c.end_program("inferred-1", single_shot=True)] == ["h"]
+    assert "inferred-1" not in c.programs and len(c.pins) == 0
+    counters = c.program_counters
+    assert (counters.single_shot, counters.released, counters.not_returned) == (1, 0, 0)
+    assert c.stats.return_probability("unknown") == pytest.approx(1.0)
+    assert c.door.working_set.expected_final_context == 0  # not a program's final context
+    assert c.end_program("inferred-1", single_shot=True) == [] and counters.single_shot == 1
     c.check_integrity()
 
 
@@ -542,7 +561,7 @@ def test_working_set_follows_the_pin_decision():
     assert c.turn_finished(turn("unpinned"), context_tokens=700, handle="h").pin is None
     new = c.turn_arrived(turn("new"))
     assert c.holds_back(new, 400, 1000) is not follows  # 700 + 400 > 1000 unless let go
-    assert c.programs.working_set_tokens == (0 if follows else 700)
+    assert c.door.working_set.tokens == (0 if follows else 700)
     c.programs.check_integrity()
 
     c, clock = make(fixed_ttl_s=2.0)
@@ -565,12 +584,12 @@ def test_with_a_host_tier_a_program_let_go_stays_in_the_working_set_while_it_is_
     c.attach_host_tier(reload=ReloadCost(bytes_per_token=1000, bytes_per_s=1e9), host_budget_tokens=1000, hold_cost=0.5)
     c.turn_admitted(c.turn_arrived(turn("out")), 600)
     assert c.turn_finished(turn("out"), context_tokens=700, handle="h").pin is None
-    assert c.programs.working_set_tokens == 700
+    assert c.door.working_set.tokens == 700
     new = c.turn_arrived(turn("new"))
     assert c.holds_back(new, 400, 1000)  # 700 + 400 > 1000
-    clock.advance(c.programs.working_set_window_s + 1)
+    clock.advance(c.door.working_set.window_s + 1)
     c.step(lambda pid: False)
-    assert c.programs.working_set_tokens == 0 and not c.holds_back(new, 400, 1000)  # idle: it left
+    assert c.door.working_set.tokens == 0 and not c.holds_back(new, 400, 1000)  # idle: it left
     c.programs.check_integrity()
 
 
@@ -578,24 +597,24 @@ def test_with_a_host_tier_a_program_out_on_a_long_tool_call_keeps_its_room():
     # recorded Claude Code tool calls run past 30 s one time in four (p90 66 s); their KV waits on
     # host, so a new program let in meanwhile fills the host tier and the return re-prefills.
     # Without a host tier the window is the pin's business (an unpinned program leaves at once).
+    from sglang_continuum.core.door import HOST_TIER_WORKING_SET_WINDOW_S, WORKING_SET_WINDOW_S
     from sglang_continuum.core.offload import ReloadCost
-    from sglang_continuum.core.programs import HOST_TIER_WORKING_SET_WINDOW_S, WORKING_SET_WINDOW_S
 
     c, clock = make(fixed_ttl_s=0.0)
-    assert c.programs.working_set_window_s == WORKING_SET_WINDOW_S
+    assert c.door.working_set.window_s == WORKING_SET_WINDOW_S
     c.attach_host_tier(reload=ReloadCost(bytes_per_token=1000, bytes_per_s=1e9), host_budget_tokens=1000, hold_cost=0.5)
-    assert c.programs.working_set_window_s == HOST_TIER_WORKING_SET_WINDOW_S > WORKING_SET_WINDOW_S
+    assert c.door.working_set.window_s == HOST_TIER_WORKING_SET_WINDOW_S > WORKING_SET_WINDOW_S
     c.turn_admitted(c.turn_arrived(turn("out")), 600)
     c.turn_finished(turn("out"), context_tokens=700, handle="h")
     new = c.turn_arrived(turn("new"))
     clock.advance(45.0)  # past the window without a host tier; before its client is presumed gone
     c.step(lambda pid: False)
-    assert c.programs.working_set_tokens == 700 and c.holds_back(new, 400, 1000)
+    assert c.door.working_set.tokens == 700 and c.holds_back(new, 400, 1000)
     c.turn_admitted(c.turn_arrived(turn("out")), 800)  # it came back; out again
     c.turn_finished(turn("out"), context_tokens=900, handle="h")
     clock.advance(HOST_TIER_WORKING_SET_WINDOW_S + 1)
     c.step(lambda pid: False)
-    assert c.programs.working_set_tokens == 0 and not c.holds_back(new, 400, 1000)
+    assert c.door.working_set.tokens == 0 and not c.holds_back(new, 400, 1000)
     c.programs.check_integrity()
 
 
@@ -604,7 +623,7 @@ def test_a_program_with_a_turn_in_flight_stays_in_the_working_set():
     c.turn_admitted(c.turn_arrived(turn("p")), 600)
     c.turn_arrived(turn("p"))  # a concurrent turn of it waits
     c.turn_finished(turn("p"), context_tokens=700, handle="h")
-    assert c.programs.working_set_tokens == 700
+    assert c.door.working_set.tokens == 700
 
 
 def test_admission_expecting_growth_holds_a_new_program_the_pool_will_not_hold_later():
@@ -675,7 +694,7 @@ def test_a_selection_never_takes_more_programs_than_the_door_would_one_at_a_time
 def test_pin_survival_reads_a_window_not_the_whole_uptime():
     # after thousands of hits, a storm of sheds whose programs came back must move it within the
     # window (over the lifetime it would stay above 0.9 for hours)
-    from sglang_continuum.core.controller import SURVIVAL_WINDOW
+    from sglang_continuum.core.pins import SURVIVAL_WINDOW
 
     c, _ = make()
     for _ in range(10_000):

@@ -1,6 +1,12 @@
 import pytest
 
-from sglang_continuum.core.metadata import NO_PROGRAM, MalformedReporter, ProgramMeta, parse_program_meta
+from sglang_continuum.core.metadata import (
+    NO_PROGRAM,
+    MalformedReporter,
+    ProgramMeta,
+    merge_top_level,
+    parse_program_meta,
+)
 
 
 def test_reads_program_id_last_step_and_tool():
@@ -87,3 +93,39 @@ def test_step_is_read_and_a_bad_one_is_reported_not_fatal():
         meta = parse_program_meta({"program_id": "p", "step": bad}, report=lambda pid, why: problems.append(why))
         assert meta.program_id == "p" and meta.step is None
     assert len(problems) == 5
+
+
+def test_top_level_fields_of_the_continuum_authors_client_are_read_as_program_metadata():
+    """Their mini-swe-agent fork sends ``job_id`` and ``is_last_step`` at the top level of the
+    chat/completions body; merged into ``custom_params`` they read as any program metadata."""
+    body = {"model": "m", "messages": [], "job_id": "run-3", "is_last_step": False, "max_tokens": 8}
+    merged = merge_top_level(body, None)
+    assert merged == {"job_id": "run-3", "is_last_step": False}
+    meta = parse_program_meta(merged)
+    assert (meta.program_id, meta.is_last_step, meta.announces_end) == ("run-3", False, True)
+    body = {"program_id": 7, "last_step": "true", "tool_name": "bash", "step": 2, "temperature": 0.0, "user": "u"}
+    assert merge_top_level(body, None) == {"program_id": 7, "last_step": "true", "tool_name": "bash", "step": 2}
+    assert merge_top_level({"model": "m", "user": "u", "metadata": {"a": 1}}, None) is None  # nothing of ours
+
+
+def test_custom_params_win_over_top_level_fields_group_by_group():
+    body = {"job_id": "top", "is_last_step": True, "tool_name": "bash"}
+    merged = merge_top_level(body, {"program_id": "explicit", "other": 1})
+    assert merged == {"program_id": "explicit", "other": 1, "is_last_step": True, "tool_name": "bash"}
+    assert parse_program_meta(merged).program_id == "explicit"  # not overridden by the alias
+    assert merge_top_level(body, {"job_id": "e", "last_step": False, "tool_name": "t"}) is None
+    assert merge_top_level(body, "not a dict") is None  # SGLang's to refuse, parse_program_meta's to report
+    assert merge_top_level(None, None) is None and merge_top_level(["job_id"], None) is None
+
+
+def test_top_level_values_that_would_break_the_request_are_reported_and_ignored():
+    """SGLang refuses a request whose custom_params nests: a nested top-level value is dropped
+    (reported), never forwarded; a bad scalar is forwarded and reported where it is read."""
+    problems = []
+    merged = merge_top_level(
+        {"job_id": {"nested": {"x": 1}}, "is_last_step": [True], "step": 3}, None, lambda pid, p: problems.append(p)
+    )
+    assert merged == {"step": 3} and len(problems) == 2 and "job_id" in problems[0]
+    report = MalformedReporter(log=lambda *a: None)
+    meta = parse_program_meta(merge_top_level({"job_id": "run-1", "is_last_step": "maybe"}, None), report=report)
+    assert meta.program_id == "run-1" and not meta.is_last_step and report.count == 1

@@ -1,6 +1,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sglang_continuum.core.door import WorkingSet
 from sglang_continuum.core.programs import ProgramRegistry
 
 
@@ -70,45 +71,51 @@ def test_idle_programs_are_forgotten_and_size_is_capped():
     r.check_integrity()
 
 
+def watched(*, window_s: float = 30.0, final_context_window: int = 64, **kw) -> tuple[ProgramRegistry, WorkingSet]:
+    """A registry whose notices keep a working set (the door's, ``core/door.py``)."""
+    ws = WorkingSet(window_s=window_s, final_context_window=final_context_window)
+    return ProgramRegistry(watcher=ws, **kw), ws
+
+
 def test_working_set_counts_admitted_programs_until_they_go_quiet():
-    r = ProgramRegistry(working_set_window_s=5.0)
+    r, ws = watched(window_s=5.0)
     r.turn_arrived("a", 0.0, rank=1)
     r.turn_arrived("b", 0.0, rank=2)
-    assert r.working_set_tokens == 0  # nobody admitted yet
+    assert ws.tokens == 0  # nobody admitted yet
     r.turn_admitted("a", 0.1, 300)
     r.turn_admitted("b", 0.2, 200)
     r.turn_finished("a", 1.0, "t", 350)
-    assert (r.working_programs, r.working_set_tokens) == (2, 550)
+    assert (len(ws), ws.tokens) == (2, 550)
     r.turn_finished("b", 2.0, "t", 260)
     r.forget_idle(6.5)  # a unseen for 5.5 s: out; b seen 4.5 s ago: in
-    assert (r.working_programs, r.working_set_tokens) == (1, 260)
+    assert (len(ws), ws.tokens) == (1, 260)
     r.forget("b")
-    assert (r.working_programs, r.working_set_tokens) == (0, 0)
+    assert (len(ws), ws.tokens) == (0, 0)
     r.check_integrity()
 
 
 def test_programs_are_expected_to_grow_as_far_as_the_ones_that_ended():
-    r = ProgramRegistry(final_context_window=2)
-    assert r.expected_final_context == 0  # nothing ended yet: today's sizes
+    r, ws = watched(final_context_window=2)
+    assert ws.expected_final_context == 0  # nothing ended yet: today's sizes
     for pid, final in (("a", 4000), ("b", 2000), ("c", 3000)):
         r.turn_arrived(pid, 0.0, rank=1)
         r.turn_admitted(pid, 0.0, final)
         r.forget(pid)
     r.turn_arrived("never-admitted", 0.0, rank=2)
     r.forget("never-admitted")  # no context: says nothing
-    assert r.expected_final_context == 2500  # the last two: (2000 + 3000) / 2
+    assert ws.expected_final_context == 2500  # the last two: (2000 + 3000) / 2
     r.turn_arrived("small", 0.0, rank=3)
     r.turn_admitted("small", 0.0, 500)
     r.turn_arrived("large", 0.0, rank=4)
     r.turn_admitted("large", 0.0, 2800)
-    assert r.working_set_tokens == 3300 and r.reserved_tokens() == 2500 + 2800
+    assert ws.tokens == 3300 and ws.reserved_tokens() == 2500 + 2800
     r.turn_finished("small", 1.0, "t", 900)
-    assert r.reserved_tokens() == 5300  # still below the expectation
-    r.let_go("large")  # a turn of it runs: it stays
-    assert r.reserved_tokens() == 5300
+    assert ws.reserved_tokens() == 5300  # still below the expectation
+    ws.let_go(r.get("large"))  # a turn of it runs: it stays
+    assert ws.reserved_tokens() == 5300
     r.turn_finished("large", 1.0, "t", 2900)
-    r.let_go("large")
-    assert r.reserved_tokens() == 2500
+    ws.let_go(r.get("large"))
+    assert ws.reserved_tokens() == 2500
     r.check_integrity()
 
 
@@ -126,7 +133,7 @@ ops = st.lists(
 @settings(max_examples=200, deadline=None)
 @given(ops=ops)
 def test_registry_invariants_hold_under_any_event_sequence(ops):
-    r = ProgramRegistry(max_programs=4, idle_timeout_s=20.0, working_set_window_s=4.0, final_context_window=3)
+    r, ws = watched(max_programs=4, idle_timeout_s=20.0, window_s=4.0, final_context_window=3)
     now, rank = 0.0, 0
     for op, i, tokens, dt in ops:
         now += dt
@@ -149,17 +156,18 @@ def test_registry_invariants_hold_under_any_event_sequence(ops):
         elif op == "forget":
             r.forget(pid)
         elif op == "let_go":
-            r.let_go(pid)
+            ws.let_go(r.get(pid))
         else:
             r.forget_idle(now)
         r.drain_forgotten()
         r.check_integrity()
+        ws.check_integrity()
 
 
 def test_a_turn_waiting_long_does_not_keep_the_others_in_the_working_set():
     # A's turn waits from t=2 for longer than the window; B was last seen at t=5 and is out on a
     # tool with nothing in flight: it must leave the working set, whatever A does
-    reg = ProgramRegistry(working_set_window_s=30.0)
+    reg, ws = watched(window_s=30.0)
     reg.turn_arrived("a", 0.0, 1)
     reg.turn_admitted("a", 1.0, 1000)
     reg.turn_finished("a", 1.5, "bash", 1000)
@@ -169,5 +177,6 @@ def test_a_turn_waiting_long_does_not_keep_the_others_in_the_working_set():
     reg.turn_finished("b", 5.0, "bash", 700)
     for now in (40.0, 100.0, 800.0):
         reg.forget_idle(now)
-        assert reg.working_programs == 1 and reg.working_set_tokens == 1000  # a alone
+        assert len(ws) == 1 and ws.tokens == 1000  # a alone
         reg.check_integrity()
+        ws.check_integrity()

@@ -33,9 +33,9 @@ def test_a_silent_program_away_past_its_own_pace_is_presumed_ended_and_learned_f
     clock.advance(1.0)
     c.step(lambda pid: False)
     assert "p" not in c.programs and c.program_counters.presumed_ended == 1
-    assert c.programs.expected_final_context == 610  # how far it grew is learned
+    assert c.door.working_set.expected_final_context == 610  # how far it grew is learned
     assert c.stats.return_probability("bash") < 1.0  # and that "bash" ended it
-    assert c.programs.working_set_tokens == 0
+    assert c.door.working_set.tokens == 0
     clock.advance(30.0)
     back = c.turn_arrived(silent("p"))  # it was only slow: a new program now, the latest rank
     assert back.program_rank > rank and back.turn == 1 and c.program_counters.presumed_returned == 1

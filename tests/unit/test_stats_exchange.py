@@ -1,5 +1,7 @@
-"""Tool statistics shared over real zmq sockets (tcp on localhost): samples recorded on one worker's
-controller change another's TTL decision; late peers get warm; dead peers cost nothing."""
+"""Tool statistics shared over real zmq sockets (tcp on localhost, ipc): samples recorded on one
+worker's controller change another's TTL decision; late peers get warm whichever side connects
+first; dead peers cost nothing; only key holders take part, a peer speaks only for itself, a
+message's reach is bounded; every data-parallel rank shares."""
 
 import subprocess
 import sys
@@ -9,13 +11,14 @@ import time
 import orjson
 import pytest
 import zmq
+import zmq.auth
 
 from sglang_continuum.core.metadata import ProgramMeta
 from sglang_continuum.core.settings import ContinuumSettings
-from sglang_continuum.core.stats_exchange import DURATION, StatsExchange
+from sglang_continuum.core.stats_exchange import DURATION, MAX_TOOLS_PER_PEER, StatsExchange
 from sglang_continuum.core.ttl import TTLQuery
 from tests.support import controller as make_controller
-from tests.support import free_port
+from tests.support import free_port, port_is_free
 
 DEADLINE_S = 20.0  # generous: only reached when the behaviour under test is broken
 
@@ -202,8 +205,8 @@ def test_bounded_outbox_and_malformed_messages(closing):
 
 
 def test_settings_read_endpoint_lists_and_refuse_bad_ones():
-    s = ContinuumSettings.load({"SGLANG_CONTINUUM_STATS_PEER_ENDPOINTS": "tcp://a:1, ipc:///tmp/x"})
-    assert s.stats_peer_endpoints == ("tcp://a:1", "ipc:///tmp/x")
+    s = ContinuumSettings.load({"SGLANG_CONTINUUM_STATS_PEER_ENDPOINTS": "tcp://127.0.0.1:1, ipc:///tmp/x"})
+    assert s.stats_peer_endpoints == ("tcp://127.0.0.1:1", "ipc:///tmp/x")
     with pytest.raises(ValueError, match="must start with"):
         ContinuumSettings.load({"SGLANG_CONTINUUM_STATS_PUBLISH_ENDPOINT": "localhost:5701"})
 
@@ -233,7 +236,8 @@ def test_a_burst_is_merged_a_bounded_slice_per_poll(closing):
 
 def test_a_history_resend_lost_before_the_peer_connected_is_sent_again(closing):
     """The slow joiner: A publishes its samples and hears B while B's SUB has no route to A, so A's
-    live messages and its history re-send for the newcomer B are lost. B still gets every sample."""
+    live messages are lost. B still gets every sample once its route comes up (A hears the relay
+    subscribe and re-sends its history), each once."""
     ea, eb = endpoint(), endpoint()
     relay = Relay(ea)
     closing(relay)
@@ -286,3 +290,178 @@ def test_a_message_lost_mid_stream_is_filled_from_the_history(closing):
     )
     assert samples(b, "make") == samples(a, "make") and len(samples(b, "make")) == 15
     xa.check_integrity(), xb.check_integrity()
+
+
+def test_a_peer_without_the_key_can_neither_inject_nor_read(closing):
+    keys = zmq.curve_keypair()  # the fleet's
+    ea, ex, plain_at, forged_at = endpoint(), endpoint(), endpoint(), endpoint()
+    a, xa = worker(ea, [ex], keys=keys)
+    x, xx = worker(ex, [ea, plain_at, forged_at], keys=keys)  # two listed endpoints taken by rogues
+    closing(xa), closing(xx)
+    ctx = zmq.Context.instance()
+    other = zmq.curve_keypair()  # a key pair, but not the fleet's
+    plain, forged = ctx.socket(zmq.PUB), ctx.socket(zmq.PUB)
+    forged.curve_server, forged.curve_publickey, forged.curve_secretkey = True, *other
+    spies = [ctx.socket(zmq.SUB), ctx.socket(zmq.SUB)]
+    spies[1].curve_serverkey, spies[1].curve_publickey, spies[1].curve_secretkey = keys[0], *other
+    try:
+        plain.bind(plain_at), forged.bind(forged_at)
+        for spy in spies:
+            spy.setsockopt(zmq.SUBSCRIBE, b""), spy.connect(ea)
+        evil = orjson.dumps({"o": "rogue", "s": [[i, DURATION, "evil", 1.0] for i in range(1, 5)], "f": 1, "h": 4})
+        for i in range(10):
+            run_program(a, f"p{i}", "good", 1.0 + i)
+
+        def delivered():
+            plain.send(evil), forged.send(evil)
+            return len(samples(x, "good")) == 10
+
+        assert pump([(a, xa), (x, xx)], delivered)  # the key holders share ...
+        pump([(a, xa), (x, xx)], lambda: delivered() and False, deadline_s=1.0)
+        assert samples(x, "evil") == [] and xx.counters.received == 20  # ... nothing else got in
+        for spy in spies:  # and nobody without the key read A's samples
+            with pytest.raises(zmq.Again):
+                spy.recv(zmq.NOBLOCK)
+    finally:
+        for sock in (plain, forged, *spies):
+            sock.close(linger=0)
+
+
+def test_a_peer_cannot_speak_for_another_origin(closing):
+    eb, ex, er = endpoint(), endpoint(), endpoint()
+    b, xb = worker(eb, [ex])
+    x, xx = worker(ex, [er, eb])
+    closing(xb), closing(xx)
+    rogue = zmq.Context.instance().socket(zmq.PUB)  # a listed peer: it may share its own samples
+    rogue.bind(er)
+    try:
+        # B's sequence numbers, and a history that claims B's samples are all gone
+        spoof = {"o": xb.origin, "s": [[i, DURATION, "forged", 99.0] for i in range(1, 21)], "f": 2**62, "h": 2**62}
+        now = time.monotonic
+
+        def flooding():
+            rogue.send(orjson.dumps(spoof))
+            return xx.peers_alive(now()) == 2
+
+        assert pump([(b, xb), (x, xx)], flooding)
+        pump([(b, xb), (x, xx)], lambda: flooding() and False, deadline_s=0.5)
+        for i in range(10):
+            run_program(b, f"p{i}", "real", 1.0 + i)  # sequence numbers 1..20, the ones the rogue sent
+        assert pump([(b, xb), (x, xx)], lambda: flooding() and len(samples(x, "real")) == 10)
+        assert samples(x, "real") == samples(b, "real")
+        xx.check_integrity()
+    finally:
+        rogue.close(linger=0)
+
+
+def test_an_oversized_message_is_dropped_unread_and_a_message_can_do_little(closing):
+    ex, er, et = endpoint(), endpoint(), endpoint()
+    x = StatsExchange(ex, [er, et], interval_s=0.0, max_message_bytes=16 * 1024)
+    closing(x)
+    ctx = zmq.Context.instance()
+    rogue, tooler = ctx.socket(zmq.PUB), ctx.socket(zmq.PUB)
+    rogue.bind(er), tooler.bind(et)
+    try:
+        small = orjson.dumps({"o": "r", "s": [[1, DURATION, "small", 2.5]]})
+        big = orjson.dumps({"o": "r", "s": [[2, DURATION, "big", 9.0]], "pad": "x" * 20_000})
+        many = orjson.dumps({"o": "r", "s": [[i, DURATION, "many", 1.0] for i in range(3, 303)]})  # > 256
+        tools = orjson.dumps({"o": "t", "s": [[i, DURATION, f"tool{i}", 1.0] for i in range(1, 201)]})
+        got = []
+
+        def until():
+            for msg in (small, many, big):  # zmq drops the connection at the big one (for good)
+                rogue.send(msg)
+            tooler.send(tools)
+            got.extend(x.poll(time.monotonic()))
+            return len(got) >= 1 + MAX_TOOLS_PER_PEER
+
+        end = time.monotonic() + DEADLINE_S
+        while not until() and time.monotonic() < end:
+            time.sleep(0.02)
+        time.sleep(0.1)
+        got.extend(x.poll(time.monotonic()))
+        names = [tool for _, tool, _ in got]
+        assert names.count("small") == 1 and "big" not in names and "many" not in names
+        assert len(set(names)) == 1 + MAX_TOOLS_PER_PEER  # "small" and 128 of the 200 tools
+        x.check_integrity()
+    finally:
+        rogue.close(linger=0), tooler.close(linger=0)
+
+
+def _history_on_a(closing, peers_of_a, ea=None):
+    ea = ea or endpoint()
+    a, xa = worker(ea, peers_of_a)
+    closing(xa)
+    for i in range(10):
+        run_program(a, f"p{i}", "grep", 0.5 * (i + 1))  # 20 samples in A's history
+    return ea, (a, xa)
+
+
+@pytest.mark.parametrize("publishes", [False, True], ids=["subscriber-only", "publisher"])
+def test_a_late_worker_missing_from_the_lists_is_warm_within_a_second(closing, publishes):
+    eb = endpoint()
+    ea, pa = _history_on_a(closing, [eb])  # A and B list each other only
+    b, xb = worker(eb, [ea])
+    closing(xb)
+    assert pump([pa, (b, xb)], lambda: len(samples(b, "grep")) == 10)
+    late, xl = worker(endpoint() if publishes else None, [ea])  # nobody lists it
+    closing(xl)
+    assert pump([pa, (b, xb), (late, xl)], lambda: len(samples(late, "grep")) == 10, deadline_s=1.0)
+    assert samples(late, "grep") == samples(pa[0], "grep")
+
+
+def test_a_subscriber_that_connects_first_is_warm_within_a_second_of_the_publisher(closing):
+    ea = endpoint()
+    late, xl = worker(None, [ea])  # subscribes before A exists (zmq retries the connection)
+    closing(xl)
+    pump([(late, xl)], lambda: False, deadline_s=0.3)
+    _, pa = _history_on_a(closing, [], ea)
+    assert pump([pa, (late, xl)], lambda: len(samples(late, "grep")) == 10, deadline_s=1.0)
+
+
+def test_a_non_loopback_tcp_endpoint_without_keys_stops_start_up(tmp_path):
+    for name, value in (
+        ("STATS_PUBLISH_ENDPOINT", "tcp://0.0.0.0:5701"),
+        ("STATS_PEER_ENDPOINTS", "tcp://worker-b:5701"),
+    ):
+        with pytest.raises(ValueError, match=f"{name.lower()}.*stats_key_file"):
+            ContinuumSettings.load({f"SGLANG_CONTINUUM_{name}": value})
+    with pytest.raises(ValueError, match="stats_publish_endpoint"):
+        StatsExchange("tcp://0.0.0.0:5701", [])
+    _, secret = zmq.auth.create_certificates(tmp_path, "fleet")
+    keyed = ContinuumSettings.load(
+        {"SGLANG_CONTINUUM_STATS_PUBLISH_ENDPOINT": "tcp://0.0.0.0:5701", "SGLANG_CONTINUUM_STATS_KEY_FILE": secret}
+    )
+    assert keyed.stats_key_file == secret
+    local = {
+        "SGLANG_CONTINUUM_STATS_PUBLISH_ENDPOINT": "tcp://127.0.0.1:5701",
+        "SGLANG_CONTINUUM_STATS_PEER_ENDPOINTS": "ipc:///tmp/x",
+    }
+    assert ContinuumSettings.load(local).stats_key_file is None  # local endpoints need no keys
+    with pytest.raises(ValueError, match="stats_key_file"):
+        ContinuumSettings.load({**local, "SGLANG_CONTINUUM_STATS_KEY_FILE": str(tmp_path / "fleet.key")})  # public only
+
+
+def port_pair() -> int:
+    while not port_is_free((port := free_port()) + 1):
+        pass
+    return port
+
+
+@pytest.mark.parametrize("listed", ["nothing", "itself", "itself by another name", "nothing, ipc"])
+def test_two_dp_ranks_with_the_same_configured_endpoint_both_share(closing, tmp_path, listed):
+    port = port_pair()
+    configured = f"ipc://{tmp_path}/stats" if listed.endswith("ipc") else f"tcp://127.0.0.1:{port}"
+    peers = {"itself": [configured], "itself by another name": [f"tcp://localhost:{port}"]}.get(listed, [])
+    ranks = [worker(configured, peers, dp_rank=r, dp_size=2) for r in range(2)]
+    for x in ranks:
+        closing(x[1])
+    for r, (c, _) in enumerate(ranks):
+        for i in range(5):
+            run_program(c, f"p{i}", f"tool{r}", 1.0 + i)
+    (c0, x0), (c1, x1) = ranks
+    assert pump(ranks, lambda: len(samples(c1, "tool0")) == 5 and len(samples(c0, "tool1")) == 5)
+    pump(ranks, lambda: False, deadline_s=0.5)
+    assert samples(c1, "tool0") == samples(c0, "tool0") and samples(c0, "tool1") == samples(c1, "tool1")  # once each
+    assert x0.counters.received == x1.counters.received == 10
+    x0.check_integrity(), x1.check_integrity()

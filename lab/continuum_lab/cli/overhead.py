@@ -99,7 +99,7 @@ def bench_calc_priority(model_path: str, waiting: int, pins: int) -> dict:
     stock = SchedulePolicy("fcfs", cache, False, False, False)
     queue = make_queue()
     for req in queue:  # what the enqueue hook does for each arrival
-        cache.turn_entered(req)
+        cache.request_queued(req)
         ours.requeued(req)
     ours.calc_priority(queue)  # the first step places everything (one sort)
     out = {"stock_fcfs": timeit(lambda: stock.calc_priority(queue), 50)}
@@ -111,7 +111,7 @@ def bench_calc_priority(model_path: str, waiting: int, pins: int) -> dict:
         sp = SamplingParams(max_new_tokens=16, custom_params={"program_id": p})
         req = Req(f"{p}-new{next(arrivals)}", "", array("q", contexts[p] + [5, 6, 7]), sp)
         queue.append(req)  # what SGLang's _add_request_to_queue does, then our hook
-        cache.turn_entered(req)
+        cache.request_queued(req)
         ours.requeued(req)
 
     # Each change runs untimed, then one step is timed: the step's ordering cost is what the policy
@@ -129,7 +129,7 @@ def bench_calc_priority(model_path: str, waiting: int, pins: int) -> dict:
         release()
 
     out["continuum_arrival_and_pin_change"] = timeit(step, 20, setup=arrival_and_release)
-    out["event_arrival_hook"] = timeit(arrive, 50)  # Req construction + turn_entered + requeued
+    out["event_arrival_hook"] = timeit(arrive, 50)  # Req construction + request_queued + requeued
     idle = iter([pin.program_id for pin in cache.controller.pins if pin.program_id.startswith("idle")])
     # a release on its own (end_program: unlock, counters, statistics), of programs out on tools
     out["event_pin_release"] = timeit(lambda: cache.end_program(next(idle)), 25)
@@ -369,7 +369,7 @@ def bench_inference(records: int = 30_000, prompts: tuple[int, ...] = (32_768, 1
 
 
 def bench_arrival_match(model_path: str, prompts: tuple[int, ...] = (32_768, 131_072)) -> list[dict]:
-    """The enqueue hook of a return whose program holds no pin (``ContinuumRadixCache.turn_entered``,
+    """The enqueue hook of a return whose program holds no pin (``ContinuumRadixCache.request_queued``,
     with SGLang's ``Req``) at long prompts: it runs SGLang's prefix match once, which tells the
     queue order whether the return's context is still there. A return whose whole context is resident, and one
     whose context is gone (a prompt the cache has never seen)."""
@@ -402,8 +402,8 @@ def bench_arrival_match(model_path: str, prompts: tuple[int, ...] = (32_768, 131
             sp = SamplingParams(max_new_tokens=16, custom_params={"program_id": pid})
             pending.append(Req(f"{pid}-{next(made)}", "", array("q", tokens), sp))
 
-        resident = timeit(lambda: cache.turn_entered(pending[-1]), 20, setup=lambda: arrival(context + [5, 6, 7]))
-        gone = timeit(lambda: cache.turn_entered(pending[-1]), 20, setup=lambda: arrival(stranger))
+        resident = timeit(lambda: cache.request_queued(pending[-1]), 20, setup=lambda: arrival(context + [5, 6, 7]))
+        gone = timeit(lambda: cache.request_queued(pending[-1]), 20, setup=lambda: arrival(stranger))
         assert cache.lifecycle.get(pending[-1].rid).tag.context_gone, "the bench's return must find its context gone"
         rows.append({"prompt_tokens": n, "arrival_resident": resident, "arrival_gone": gone})
     return rows

@@ -83,19 +83,19 @@ class TurnDriver:
         cached = m.device_prefix_len
         lock = c.lock(m.last_device_node)
         if continuum:
-            c.admit_turn(tag, len(tokens), cached=cached)
+            c.turn_admitted(tag, len(tokens), cached=cached)
         new = self.alloc(len(tokens) - cached)
         if new is None:
             c.unlock(lock)
             if continuum:
-                c.abort_turn(meta)
+                c.turn_aborted(meta)
             return None
         value = torch.cat([c.path_device_indices(m.last_device_node)[:cached].to(torch.int64), new.to(torch.int64)])
         res = c.insert(InsertParams(key=key(tokens), value=value, prev_prefix_len=cached))
         c.unlock(lock)
         node = res.last_device_node
         if continuum:
-            c.finish_turn(meta, node, len(tokens), tool)
+            c.turn_finished(meta, node, len(tokens), tool)
         return TurnResult(cached, len(tokens), node)
 
     def cached_len(self, tokens) -> int:

@@ -1,4 +1,4 @@
-"""Program-level admission control (core/admission_control.py) and the thrash signal (core/return_loss.py)."""
+"""The door (core/door.py: program-level admission control) and the thrash signal (core/return_loss.py)."""
 
 import pytest
 from hypothesis import given
