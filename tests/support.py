@@ -1,42 +1,73 @@
 """What the tests share: a controller with a chosen TTL model and time scales, and the rules
-string a server is started with for the same."""
+string a server is started with for the same.
+
+The product's tests use the product: this module imports no lab code. Two small doubles stand in
+for the lab's ablation rules where a test needs a decision held still: ``FixedTTL`` (a constant
+TTL, standing in for ``continuum_lab.bench.ttl_baselines.FixedTTL``) and ``request_fcfs`` (SGLang's
+request-level fcfs order, standing in for ``continuum_lab.bench.variants.request_fcfs``). The
+rules strings below only name the lab's variants: a server started with one imports them.
+"""
 
 from __future__ import annotations
 
+import socket
 from functools import partial
-from typing import Optional
+from typing import Callable, Optional, Union
 
 from sglang_continuum.core.clock import ManualClock
 from sglang_continuum.core.controller import ContinuumController
 from sglang_continuum.core.cost_model import CostModelTTL
+from sglang_continuum.core.priority import RETRACTED, WAITING, QueueKey, Waiting
 from sglang_continuum.core.rules import Rules, Timings
 from sglang_continuum.core.settings import ContinuumSettings
-from sglang_continuum.core.ttl_baselines import BernsteinTTL, FixedTTL, ReferenceTTL
+from sglang_continuum.core.ttl import TTLModel, TTLQuery
 
 TIMING_FIELDS = set(Timings.__dataclass_fields__)
+Model = Union[str, Callable[..., TTLModel]]  # a name ``rules`` knows, or a factory (settings, stats, **kw)
 
 
-def rules(ttl_model: str = "fixed", *, fixed_ttl_s: float = 2.0, host_ttl_s: float = 60.0, **kw) -> Rules:
-    """A ``Rules`` with the named TTL model; ``kw``: ``Timings`` fields, the cost model's
-    ``cold_start_k``, the Bernstein model's parameters, ``order``."""
+class FixedTTL(TTLModel):
+    """Every non-final turn pinned for ``ttl_s`` (the controller caps it at ``max_ttl_s``); with a
+    host tier a host copy is protected for ``host_ttl_s``, at most the tier's longest."""
+
+    name = "fixed"
+
+    def __init__(self, settings, stats, *, ttl_s: float = 2.0, host_ttl_s: float = 60.0) -> None:
+        super().__init__(settings, stats)
+        self.ttl_s, self.host_ttl_s = ttl_s, host_ttl_s
+
+    def ttl(self, query: TTLQuery) -> float:
+        return self.ttl_s
+
+    def host_ttl(self, query: TTLQuery, elapsed_s: float) -> float:
+        return min(self.host_ttl_s, self.max_host_ttl_s)
+
+
+def request_fcfs(w: Waiting) -> QueueKey:
+    """SGLang's fcfs (retracted requests first, then arrival): pins without program-level order."""
+    return (RETRACTED if w.retracted else WAITING, w.request_rank, 0)
+
+
+def rules(ttl_model: Model = "fixed", *, fixed_ttl_s: float = 2.0, host_ttl_s: float = 60.0, **kw) -> Rules:
+    """A ``Rules`` with the named TTL model ("fixed": ``FixedTTL``; "cost": the product's), or
+    with a factory of one; ``kw``: ``Timings`` fields, ``order``, the model's parameters (the cost
+    model's ``cold_start_k``, a factory's keyword arguments)."""
     timings = Timings(**{k: kw.pop(k) for k in list(kw) if k in TIMING_FIELDS})
     order = kw.pop("order", None)
-    if ttl_model == "fixed":
-        factory = partial(FixedTTL, ttl_s=fixed_ttl_s, host_ttl_s=host_ttl_s, **kw)
-    elif ttl_model == "reference":
-        factory = partial(ReferenceTTL, host_ttl_s=host_ttl_s, **kw)
-    elif ttl_model == "bernstein":
-        factory = partial(BernsteinTTL, host_ttl_s=host_ttl_s, **kw)
+    if callable(ttl_model):
+        factory, name = partial(ttl_model, **kw), getattr(ttl_model, "name", "model")
+    elif ttl_model == "fixed":
+        factory, name = partial(FixedTTL, ttl_s=fixed_ttl_s, host_ttl_s=host_ttl_s, **kw), ttl_model
     elif ttl_model == "cost":
-        factory = partial(CostModelTTL, **kw)
+        factory, name = partial(CostModelTTL, **kw), ttl_model
     else:
         raise ValueError(ttl_model)
     extra = {"order": order} if order is not None else {}
-    return Rules(f"test-{ttl_model}", ttl_model=factory, timings=timings, **extra)
+    return Rules(f"test-{name}", ttl_model=factory, timings=timings, **extra)
 
 
 def controller(
-    ttl_model: str = "fixed", *, budget: int = 10_000, clock: Optional[ManualClock] = None, **kw
+    ttl_model: Model = "fixed", *, budget: int = 10_000, clock: Optional[ManualClock] = None, **kw
 ) -> tuple[ContinuumController, ManualClock]:
     """A controller on a manual clock; ``kw``: settings fields, or what ``rules`` takes."""
     fields = set(ContinuumSettings.model_fields)
@@ -62,3 +93,21 @@ def fixed_ttl_env(seconds: float, **timings: float) -> dict[str, str]:
     if seconds > ContinuumSettings().max_ttl_s:
         env["SGLANG_CONTINUUM_MAX_TTL_S"] = repr(float(seconds))
     return env
+
+
+def free_port() -> int:
+    """A TCP port on localhost nobody listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def port_is_free(port: int) -> bool:
+    """Nobody listens on ``port`` on localhost (a socket in TIME_WAIT does not count)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True

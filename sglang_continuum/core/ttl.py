@@ -3,7 +3,7 @@
 One interface, ``TTLModel``: ``ttl(query) -> seconds`` (0 means "do not pin") plus explicit,
 defaulted hooks for the signals a model may learn from. The product's model is the paper's cost
 model (``cost_model.py``); the paper's baselines (fixed, the public reference's rule, the earlier
-version's Bernstein bound) are in ``ttl_baselines.py``, for the lab's variants
+version's Bernstein bound) are the lab's (``continuum_lab.bench.ttl_baselines``), for its variants
 (``core/rules.py`` composes a model with a queue order).
 
 Every TTL is at most ``max_ttl_s``: a model that optimises picks the best candidate within the cap

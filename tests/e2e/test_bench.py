@@ -71,7 +71,7 @@ def test_continuum_bench_end_to_end(tiny_model, tmp_path):
     )
     assert rc == 0
     report = json.loads((out / "report.json").read_text())
-    # the grid in run_order (policies innermost, then seed: tests/unit/test_bench_report.py);
+    # the grid in run_order (policies innermost, then seed: tests/lab/test_bench_report.py);
     # one seed here, since every run is a server start
     assert [(r["seed"], r["policy"]) for r in report["rows"]] == [(1, "fcfs"), (1, "continuum-ref")]
     assert all(r["failed_requests"] == 0 and r["programs"] == 3 for r in report["rows"])
@@ -90,7 +90,7 @@ def test_continuum_bench_end_to_end(tiny_model, tmp_path):
         assert all(r["server_cores"] == report["cpus"]["server"] for r in report["runs"])
     md = (out / "report.md").read_text()
     assert "## Across seeds" in md and "| continuum-ref | 4 | 1 |" in md and "| fcfs | 4 | 1 |" in md
-    for png in ("jct_cdf.png", "turn_latency.png"):  # the load plot: tests/unit/test_bench_report.py
+    for png in ("jct_cdf.png", "turn_latency.png"):  # the load plot: tests/lab/test_bench_report.py
         assert (out / png).stat().st_size > 1000
 
 

@@ -3,6 +3,7 @@ direction of dependency between the packages of each, SGLang internals only wher
 says, the plugin's dependencies what serving needs, no module over 600 lines."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,87 @@ def test_the_plugin_imports_only_its_dependencies(path):
         if top in stdlib or top in ("sglang_continuum", "__future__", ""):
             continue
         assert top in allowed, f"{path.name} imports {name}: not a dependency of the plugin"
+
+
+def climbs(path: Path, root: Path) -> list[str]:
+    """Every ``parents[N]`` / ``.parent`` chain on ``__file__`` in ``path`` that leaves ``root``
+    (a package is installed on its own: what lies beside it is not there)."""
+    depth = len(path.relative_to(root).parts) - 1  # parents[depth] is the package's own folder
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not any(isinstance(n, ast.Name) and n.id == "__file__" for n in ast.walk(node)):
+            continue
+        up = None
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and node.value.attr == "parents":
+            if isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, int):
+                up = node.slice.value
+        elif isinstance(node, ast.Attribute) and node.attr == "parent":
+            chain, inner = 0, node
+            while isinstance(inner, ast.Attribute) and inner.attr == "parent":
+                chain, inner = chain + 1, inner.value
+            up = chain - 1
+        if up is not None and up > depth:
+            out.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return out
+
+
+@pytest.mark.parametrize("item", ALL, ids=_id)
+def test_no_path_climbs_out_of_its_package(item):
+    top, path = item
+    found = climbs(path, ROOTS[top])
+    assert not found, (
+        f"reaches outside {top} (take the path as an argument, relative to the working directory): {found}"
+    )
+
+
+TESTS = ROOT / "tests"
+# The product's tests use the product: the lab is neither imported nor resolved from a string
+# (a rules string such as "continuum_lab.bench.variants:PINS_ONLY" imports it).
+PRODUCT_TESTS = sorted((TESTS / "unit").glob("*.py"))
+LAB_NAME = re.compile(r"^continuum_lab(\.|:|$)")
+
+
+def lab_references(path: Path, strings: bool) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        elif strings and isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names = [node.value]
+        found += [f"line {node.lineno}: {n}" for n in names if LAB_NAME.match(n)]
+    return found
+
+
+@pytest.mark.parametrize("path", PRODUCT_TESTS, ids=lambda p: p.name)
+def test_no_product_test_imports_the_lab(path):
+    found = lab_references(path, strings=path.name != "test_layout.py")
+    assert not found, f"tests/unit tests the plugin alone (the lab's tests are in tests/lab): {found}"
+
+
+def test_the_shared_test_support_imports_no_lab_code():
+    found = lab_references(TESTS / "support.py", strings=False)
+    assert not found, f"tests/support.py is shared by the product's tests: {found}"
+
+
+# Private names of the plugin the lab still imports, until the plugin gives them a public name.
+PRIVATE_IMPORTS = {("cli/overhead.py", "sglang_continuum.adapter.plugin._before_validate_request")}
+
+
+def private_imports(path: Path) -> set[str]:
+    return {
+        n
+        for n in imported("continuum_lab", LAB, path)
+        if n.startswith("sglang_continuum.")
+        and any(part.startswith("_") and not part.endswith("__") for part in n.split("."))
+    }
+
+
+def test_the_lab_imports_only_public_names_of_the_plugin():
+    found = {(str(p.relative_to(LAB)), n) for p in modules(LAB) for n in private_imports(p)}
+    assert found - PRIVATE_IMPORTS == set(), (
+        "the lab imports a private name of the plugin: ask the plugin for a public one"
+    )
+    assert PRIVATE_IMPORTS - found == set(), "no longer imported: drop it from PRIVATE_IMPORTS"

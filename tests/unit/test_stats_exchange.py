@@ -13,12 +13,12 @@ import pytest
 import zmq
 import zmq.auth
 
-from continuum_lab.harness.server import free_port, port_is_free
 from sglang_continuum.core.metadata import ProgramMeta
 from sglang_continuum.core.settings import ContinuumSettings
 from sglang_continuum.core.stats_exchange import DURATION, MAX_TOOLS_PER_PEER, StatsExchange
 from sglang_continuum.core.ttl import TTLQuery
 from tests.support import controller as make_controller
+from tests.support import free_port, port_is_free
 
 DEADLINE_S = 20.0  # generous: only reached when the behaviour under test is broken
 

@@ -16,7 +16,6 @@ from sglang_continuum.core.cost_model import (
 from sglang_continuum.core.settings import ContinuumSettings
 from sglang_continuum.core.tool_stats import SampleWindow, ToolStats
 from sglang_continuum.core.ttl import TTLQuery, optimal_ttl
-from sglang_continuum.core.ttl_baselines import BernsteinTTL
 
 
 def objective(samples, benefit, tau):
@@ -191,29 +190,6 @@ def test_sliding_mean_and_window():
     assert list(w.sorted) == [1, 2, 3] and w.samples() == [1, 3, 2] and w.cdf(2) == pytest.approx(2 / 3)
     with pytest.raises(ValueError):
         w.add(-1)
-
-
-def test_prefill_profile_fit_recovers_a_quadratic():
-    pts = [(n, 0.01 + 2e-4 * n + 3e-8 * n * n) for n in (1000, 2000, 4000, 8000, 16000)]
-    from continuum_lab.cli.profiler import fit_profile
-
-    p = fit_profile(pts)
-    assert p.seconds(6000) == pytest.approx(0.01 + 2e-4 * 6000 + 3e-8 * 36e6, rel=1e-3)
-
-
-def test_bernstein_bound_and_fallbacks():
-    stats = ToolStats()
-    b = BernsteinTTL(ContinuumSettings(), stats, min_samples=5, t_default_s=2.0)
-    assert b.ttl(TTLQuery("x", 1)) == 2.0  # no data: T_default
-    for _ in range(20):
-        stats.record("x", 1.0)
-    w = stats.tool("x")
-    log_term = math.log(3 / b.delta)
-    assert b.bound(w) == pytest.approx(1.0 + 3 * 1.0 * log_term / 20)
-    assert b.ttl(TTLQuery("x", 1)) == pytest.approx(4.0 / b.bound(w))
-    for _ in range(10):
-        b.observe_program_end(10)
-    assert b.ttl(TTLQuery("x", 1)) == pytest.approx(4.0 / b.bound(w) * (1 + 0.1 * 10))
 
 
 @settings(max_examples=200, deadline=None)

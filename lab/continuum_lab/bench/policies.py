@@ -104,7 +104,8 @@ HICACHE_SUFFIXES = {
 # host/device ratio given explicitly: left to auto-sizing, SGLang refuses to start when less than
 # its 10 GiB reserve of host memory is free, however small the pool
 HICACHE_CPU_FLAGS = ["--hicache-io-backend", "direct", "--hicache-mem-layout", "layer_first", "--hicache-ratio", "2"]
-CPU_PROFILE = Path(__file__).resolve().parents[3] / "configs" / "profiles" / "cpu-tiny-llama.json"
+# the prefill profile of CPU servers (relative to the repository root, where the lab's tools run)
+CPU_PROFILE = Path("configs") / "profiles" / "cpu-tiny-llama.json"
 
 
 def pressure_pool_tokens(programs, hold_programs: float) -> int:

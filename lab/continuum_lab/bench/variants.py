@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from functools import partial
 
+from continuum_lab.bench.ttl_baselines import BernsteinTTL, FixedTTL, ReferenceTTL
 from sglang_continuum.core.priority import RETRACTED, WAITING, QueueKey, Waiting
 from sglang_continuum.core.rules import Rules, Timings
-from sglang_continuum.core.ttl_baselines import BernsteinTTL, FixedTTL, ReferenceTTL
 
 
 def request_fcfs(w: Waiting) -> QueueKey:

@@ -159,6 +159,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     profile = args.prefill_profile or args.emulate or (None if args.gpu else CPU_PROFILE)
     if profile is not None and Path(profile).is_file():
         extra_env.setdefault("SGLANG_CONTINUUM_PREFILL_PROFILE", str(Path(profile).resolve()))
+    elif profile is CPU_PROFILE:
+        print(f"no {CPU_PROFILE} here (run from the repository root): the built-in prefill guess", file=sys.stderr)
     common = [
         "--max-total-tokens",
         str(pool),

@@ -32,7 +32,7 @@ import zipfile
 from pathlib import Path
 from typing import Optional
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(".")  # the repository root: where this tool runs (scripts/gpu/run.sh cds there)
 BUNDLE = REPO / ".gpu-bundle"
 REQUIREMENTS = REPO / "requirements" / "gpu-bundle.txt"
 MIB = 1 << 20

@@ -56,7 +56,7 @@ PREFIX_POINTS = [(512, 8192), (512, 32768), (2048, 8192), (2048, 32768)]  # (new
 BATCH_POINTS = [(4, 2048), (8, 1024), (4, 512, 8192)]  # (requests, new tokens each[, prefix each])
 DECODE_B = [1, 8, 32, 64, 128, 256]
 DECODE_L = [1024, 4096, 8192, 16384, 32768]
-TORCH_PROFILE = Path(__file__).resolve().parents[3] / "configs/profiles/h100-llama-3.1-8b.json"
+TORCH_PROFILE = Path("configs/profiles/h100-llama-3.1-8b.json")  # relative to the repository root, where it runs
 
 
 def prefill_s(backend, model, db, batch: int, new: int, prefix: int = 0) -> float:

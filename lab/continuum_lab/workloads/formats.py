@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import orjson
 
@@ -49,6 +49,27 @@ TOOL_USE, HUMAN, SUBAGENT, UNKNOWN = "tool_use", "human", "subagent", "unknown"
 def chars_per_4(text: str) -> int:
     """Token estimate when no tokenizer is given: one token per 4 characters (rounded up)."""
     return (len(text) + 3) // 4
+
+
+def content_text(content: Any) -> str:
+    """An OpenAI message's ``content`` as text (a string, or a list of parts)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
+    return str(content)
+
+
+def message_text(m: dict) -> str:
+    """What an OpenAI-format message puts in the context: its text, then each tool call's
+    ``name(arguments)``."""
+    parts = [content_text(m.get("content"))]
+    for call in m.get("tool_calls") or []:
+        fn = call.get("function") or {}
+        parts.append(f"{fn.get('name', '')}({fn.get('arguments', '')})")
+    return "\n".join(p for p in parts if p)
 
 
 @dataclass
@@ -171,9 +192,7 @@ def import_weka(path: Path, max_context: Optional[int] = None) -> ImportResult:
 
 
 def _messages_text(messages: list) -> str:
-    from continuum_lab.workloads.importer import _message_text
-
-    return "\n".join(_message_text(m) for m in messages if isinstance(m, dict))
+    return "\n".join(message_text(m) for m in messages if isinstance(m, dict))
 
 
 def _agentperf_tool(row: dict) -> str:

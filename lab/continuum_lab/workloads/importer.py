@@ -26,38 +26,22 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from continuum_lab.workloads.formats import (
     FORMATS,
     ImportResult,
     chars_per_4,
+    content_text,
     import_agentperf,
     import_lmcache,
     import_weka,
+    message_text,
 )
 from continuum_lab.workloads.schema import Program, Turn, dump_workload
 from sglang_continuum.core.tool_calls import from_openai_tool_calls, from_text
 
 Counter = Callable[[str], int]
-
-
-def _text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
-    return str(content)
-
-
-def _message_text(m: dict) -> str:
-    parts = [_text(m.get("content"))]
-    for call in m.get("tool_calls") or []:
-        fn = call.get("function") or {}
-        parts.append(f"{fn.get('name', '')}({fn.get('arguments', '')})")
-    return "\n".join(p for p in parts if p)
 
 
 def _duration(m: dict, default: float) -> float:
@@ -82,19 +66,19 @@ def messages_to_program(
         raise ValueError(f"{program_id}: no assistant messages")
     for i, m in enumerate(messages):
         if m.get("role") != "assistant":
-            pending.append(_message_text(m))
+            pending.append(message_text(m))
             continue
         last = i == assistants[-1]
         appended = "\n".join(pending)
         tool = (
             None
             if last
-            else (from_openai_tool_calls(m.get("tool_calls")) or from_text(_text(m.get("content"))) or "unknown")
+            else (from_openai_tool_calls(m.get("tool_calls")) or from_text(content_text(m.get("content"))) or "unknown")
         )
         turns.append(
             Turn(
                 append_tokens=max(1, count(appended)),
-                output_tokens=max(1, count(_message_text(m))),
+                output_tokens=max(1, count(message_text(m))),
                 tool=tool,
                 tool_duration_s=0.0 if last else _duration(m, default_tool_s),
                 text=appended if keep_text else None,

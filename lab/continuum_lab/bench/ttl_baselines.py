@@ -1,12 +1,15 @@
-"""The paper's baseline TTL models, for the lab's variants (never the product's default).
+"""The paper's baseline TTL models, for the lab's variants (``bench/variants.py``); the product's
+model is the cost model (``sglang_continuum.core.cost_model``).
 
 * ``FixedTTL``     -- a constant (the static-TTL rung of the paper's ablation).
 * ``ReferenceTTL`` -- the public vLLM reference's rule: pin ``pin_s`` if the tool's mean duration
                       is at most ``threshold_s`` (unseen tools get the pin), else none.
 * ``BernsteinTTL`` -- the earlier paper version's bound (seed 003, section 4.3).
 
-Each takes its parameters as keyword arguments (``functools.partial`` makes a factory of one for
-``core.rules.Rules``). Without the cost model a host copy is protected for a fixed ``host_ttl_s``.
+Each implements ``sglang_continuum.core.ttl.TTLModel`` and takes its parameters as keyword
+arguments (``functools.partial`` makes a factory of one for ``core.rules.Rules``). The controller
+caps every TTL at ``max_ttl_s``; without the cost model a host copy is protected for a fixed
+``host_ttl_s``.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ class FixedTTL(TTLModel):
         self.host_ttl_s = host_ttl_s
 
     def ttl(self, query: TTLQuery) -> float:
-        return min(self.ttl_s, self.settings.max_ttl_s)
+        return self.ttl_s
 
     def host_ttl(self, query: TTLQuery, elapsed_s: float) -> float:
         return min(self.host_ttl_s, self.max_host_ttl_s)
@@ -88,13 +91,10 @@ class BernsteinTTL(SignalModel):
         b = float(window.sorted[-1])
         return window.mean + math.sqrt(2.0 * window.variance * log_term / n) + 3.0 * b * log_term / n
 
-    def ttl(self, query: TTLQuery) -> float:
-        return min(self._ttl(query), self.settings.max_ttl_s)
-
     def host_ttl(self, query: TTLQuery, elapsed_s: float) -> float:
         return min(self.host_ttl_s, self.max_host_ttl_s)
 
-    def _ttl(self, query: TTLQuery) -> float:
+    def ttl(self, query: TTLQuery) -> float:
         window, _ = self.stats.window_for(query.tool, min_samples=self.min_samples)
         if len(window) < self.min_samples:
             return self.t_default
