@@ -6,7 +6,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
-MAX_DOCS_FILES = 150
+MAX_DOCS_FILES = 160
 MAX_DOCS_BYTES = 5 * 2**20
 
 
