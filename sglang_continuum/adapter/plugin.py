@@ -145,7 +145,7 @@ def _report_top_level(program_id, problem: str) -> None:
     logger.warning("continuum: ignoring malformed request metadata: %s", problem)
 
 
-def _before_validate_request(manager, obj, input_ids, *args, **kwargs):
+def check_token_ids(manager, obj, input_ids, *args, **kwargs):
     """Reject token ids outside the vocabulary with a 400 (SGLang 0.5.23 otherwise crashes the
     scheduler in the embedding lookup, losing every request in flight)."""
     # only ids the client sent: the server's own tokenizer never produces out-of-vocabulary ids
@@ -239,7 +239,7 @@ def register() -> None:
         (CACHE_FACTORY, _around_create_cache, HookType.AROUND),
         (INIT_POLICY, _around_init_schedule_policy, HookType.AROUND),
         (RESOLVE_ARGS, _after_resolve, HookType.AFTER),
-        (VALIDATE_REQUEST, _before_validate_request, HookType.BEFORE),
+        (VALIDATE_REQUEST, check_token_ids, HookType.BEFORE),
         (CLOSE_SESSION, _around_close_session, HookType.AROUND),
         (DP_ROUTE, _around_dp_routing, HookType.AROUND),
         (OPENAI_REQUEST, _around_openai_request, HookType.AROUND),

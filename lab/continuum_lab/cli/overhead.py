@@ -157,7 +157,7 @@ def bench_calc_priority(model_path: str, waiting: int, pins: int) -> dict:
 def bench_vocab_check(sizes=(1_000, 32_000, 128_000)) -> list[dict]:
     from types import SimpleNamespace
 
-    from sglang_continuum.adapter.plugin import _before_validate_request
+    from sglang_continuum.adapter.plugin import check_token_ids
 
     manager = SimpleNamespace(
         server_args=SimpleNamespace(schedule_policy="continuum"), model_config=SimpleNamespace(vocab_size=128_256)
@@ -169,10 +169,8 @@ def bench_vocab_check(sizes=(1_000, 32_000, 128_000)) -> list[dict]:
         rows.append(
             {
                 "tokens": n,
-                "input_ids_request": timeit(
-                    lambda: _before_validate_request(manager, SimpleNamespace(input_ids=ids), ids), 200
-                ),
-                "text_request": timeit(lambda: _before_validate_request(manager, by_text, ids), 200),
+                "input_ids_request": timeit(lambda: check_token_ids(manager, SimpleNamespace(input_ids=ids), ids), 200),
+                "text_request": timeit(lambda: check_token_ids(manager, by_text, ids), 200),
             }
         )
     return rows
