@@ -9,6 +9,9 @@ routing key alone, nothing at all, a streaming session whose id is the program's
 again for program after program, each ended by ``/close_session``, sometimes mid-turn) and the ways
 a turn ends early: the client closes the stream, or calls ``/abort_request``; SGLang itself retracts
 running turns (``SGLANG_TEST_RETRACT``) and turns away requests past ``--max-queued-requests``.
+A streaming session's turns run to the end before it is closed: SGLang 0.5.23 keeps the KV of a
+session closed with a turn in flight for good, under every policy (lpm too), which would leave the
+pool full of a leak that is not the plugin's.
 """
 
 from __future__ import annotations
@@ -121,6 +124,8 @@ async def _agent(client, url: str, n: int, seed: int, vocab: int, until: float, 
         for t in range(turns):
             last = t == turns - 1
             ending = rng.choices(("completes", "gives_up", "aborts"), (0.8, 0.12, 0.08))[0]
+            if streaming:  # closed with a turn in flight, SGLang keeps a session's KV for good, any policy
+                ending = "completes"
             sp: dict = {"max_new_tokens": rng.randint(8, 48), "ignore_eos": True, "temperature": 0.0}
             body: dict = {"input_ids": context, "sampling_params": sp, "stream": True, "rid": f"{pid}#{t}-{seed}"}
             if identity in ("ids", "streaming", "reused-id"):
