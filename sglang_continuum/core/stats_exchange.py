@@ -164,20 +164,7 @@ class StatsExchange:
     ) -> None:
         import zmq
 
-        for endpoint in (publish_endpoint, *peer_endpoints):
-            if endpoint is not None and not endpoint.startswith(ENDPOINT_SCHEMES):
-                raise ValueError(f"stats endpoint {endpoint!r} must start with one of {ENDPOINT_SCHEMES}")
-        if keys is None:
-            check_local("stats_publish_endpoint", [publish_endpoint] if publish_endpoint else [])
-            check_local("stats_peer_endpoints", peer_endpoints)
-        links = []  # (endpoint, group, decides)
-        if publish_endpoint:
-            base = connectable(publish_endpoint)
-            links += [(rank_endpoint(base, r), SIBLINGS, False) for r in range(dp_size) if r != dp_rank]
-        for group, endpoint in enumerate(peer_endpoints):
-            links += [(rank_endpoint(endpoint, r), group, r == dp_rank) for r in range(dp_size)]
-        if len(links) > max_peers:
-            raise ValueError(f"{len(links)} stats peer sockets (endpoints x dp ranks) is over {max_peers}")
+        links = _links(publish_endpoint, peer_endpoints, keys, dp_rank, dp_size, max_peers)
         self._zmq = zmq
         self.origin = origin or uuid.uuid4().hex[:16]
         self.interval_s = interval_s
@@ -196,26 +183,10 @@ class StatsExchange:
         self._groups: dict[int, Optional[bool]] = {SIBLINGS: True}  # True: a peer's; False: us; None: not yet known
         self._poller = zmq.Poller()
         try:
-            if keys is not None and publish_endpoint:
-                from zmq.auth.thread import ThreadAuthenticator
-
-                self._auth = ThreadAuthenticator(self._context)
-                self._auth.start()
-                self._auth.configure_curve_callback("*", FleetKey(keys[0]))
             if publish_endpoint:
-                self._pub = self._socket(zmq.XPUB, queue_messages)
-                self._pub.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscriber's subscription, not just the first
-                self._pub.setsockopt(zmq.MAXMSGSIZE, 1024)  # subscribers send subscriptions only
-                self._pub.bind(rank_endpoint(publish_endpoint, dp_rank))
+                self._bind(rank_endpoint(publish_endpoint, dp_rank), queue_messages)
             for endpoint, group, decides in links:
-                sock = self._socket(zmq.SUB, queue_messages)
-                sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
-                sock.setsockopt(zmq.SUBSCRIBE, b"")
-                sock.connect(endpoint)  # zmq connects (and reconnects) in the background
-                self._sources[sock] = _Source(endpoint, sock, group, decides)
-                self._groups.setdefault(group, None)
-                if group == SIBLINGS or decides:
-                    self._poller.register(sock, zmq.POLLIN)
+                self._connect(endpoint, group, decides, queue_messages)
         except zmq.ZMQError:
             self.close()
             raise
@@ -227,6 +198,32 @@ class StatsExchange:
         self._next_resend = -math.inf
         self._next_poll = -math.inf
         self._next_heartbeat = -math.inf
+
+    def _bind(self, endpoint: str, queue_messages: int) -> None:
+        """The publisher: with keys, only subscribers holding the fleet's key are admitted."""
+        zmq = self._zmq
+        if self._keys is not None:
+            from zmq.auth.thread import ThreadAuthenticator
+
+            self._auth = ThreadAuthenticator(self._context)
+            self._auth.start()
+            self._auth.configure_curve_callback("*", FleetKey(self._keys[0]))
+        self._pub = self._socket(zmq.XPUB, queue_messages)
+        self._pub.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscriber's subscription, not just the first
+        self._pub.setsockopt(zmq.MAXMSGSIZE, 1024)  # subscribers send subscriptions only
+        self._pub.bind(endpoint)
+
+    def _connect(self, endpoint: str, group: int, decides: bool, queue_messages: int) -> None:
+        """One subscriber socket per peer endpoint: what arrives on it is that peer's."""
+        zmq = self._zmq
+        sock = self._socket(zmq.SUB, queue_messages)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
+        sock.connect(endpoint)  # zmq connects (and reconnects) in the background
+        self._sources[sock] = _Source(endpoint, sock, group, decides)
+        self._groups.setdefault(group, None)
+        if group == SIBLINGS or decides:
+            self._poller.register(sock, zmq.POLLIN)
 
     def _socket(self, kind: int, queue_messages: int):
         zmq = self._zmq
@@ -434,6 +431,34 @@ class StatsExchange:
         """A peer lacks some of our samples after ``after``: re-send them (at the next allowed poll)."""
         if self._history and after < self._seq:
             self._resend_after = after if self._resend_after is None else min(self._resend_after, after)
+
+
+def _links(
+    publish_endpoint: Optional[str],
+    peer_endpoints: Sequence[str],
+    keys: Optional[CurveKeys],
+    dp_rank: int,
+    dp_size: int,
+    max_peers: int,
+) -> list[tuple[str, int, bool]]:
+    """The endpoints to subscribe to, checked: (endpoint, group, decides) -- this server's sibling
+    data-parallel ranks (``SIBLINGS``), then every rank of each peer endpoint (``decides``: the one
+    of this rank, read first, which tells whether the entry is this server under another name)."""
+    for endpoint in (publish_endpoint, *peer_endpoints):
+        if endpoint is not None and not endpoint.startswith(ENDPOINT_SCHEMES):
+            raise ValueError(f"stats endpoint {endpoint!r} must start with one of {ENDPOINT_SCHEMES}")
+    if keys is None:
+        check_local("stats_publish_endpoint", [publish_endpoint] if publish_endpoint else [])
+        check_local("stats_peer_endpoints", peer_endpoints)
+    links = []
+    if publish_endpoint:
+        base = connectable(publish_endpoint)
+        links += [(rank_endpoint(base, r), SIBLINGS, False) for r in range(dp_size) if r != dp_rank]
+    for group, endpoint in enumerate(peer_endpoints):
+        links += [(rank_endpoint(endpoint, r), group, r == dp_rank) for r in range(dp_size)]
+    if len(links) > max_peers:
+        raise ValueError(f"{len(links)} stats peer sockets (endpoints x dp ranks) is over {max_peers}")
+    return links
 
 
 def _is_int(value) -> bool:
