@@ -154,8 +154,8 @@ class WorkingSet(RegistryWatcher):
 
 class Door:
     def __init__(self, enabled: bool, stats: Optional[ToolStats] = None) -> None:
+        """``stats``: the tools' times, for a door that weighs them (this one does not)."""
         self.enabled = enabled
-        self.stats = stats  # the tools' times, for a door that reads them (a lab variant's)
         self.working_set = WorkingSet()
         self.host_tier = False
 

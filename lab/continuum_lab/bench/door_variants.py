@@ -98,6 +98,7 @@ class LikelyBackWorkingSet(WorkingSet):
 class LikelyBackDoor(Door):
     def __init__(self, enabled: bool, stats: Optional[ToolStats] = None) -> None:
         super().__init__(enabled, stats)
+        self.stats = stats
         self.working_set = LikelyBackWorkingSet()
 
     def use_host_tier(self) -> None:
