@@ -9,9 +9,10 @@ routing key alone, nothing at all, a streaming session whose id is the program's
 again for program after program, each ended by ``/close_session``, sometimes mid-turn) and the ways
 a turn ends early: the client closes the stream, or calls ``/abort_request``; SGLang itself retracts
 running turns (``SGLANG_TEST_RETRACT``) and turns away requests past ``--max-queued-requests``.
-A streaming session's turns run to the end before it is closed: SGLang 0.5.23 keeps the KV of a
-session closed with a turn in flight for good, under every policy (lpm too), which would leave the
-pool full of a leak that is not the plugin's.
+A streaming session is closed only once its last turn is over (a session whose client gave up
+waiting is closed after the drain): closed with a turn in flight, SGLang 0.5.23 defers the close,
+and sessions so closed kept their KV after the run, under lpm too (in-process), which would leave
+the pool full of a leak that is not the plugin's.
 """
 
 from __future__ import annotations
@@ -109,7 +110,11 @@ def _ids(line: str) -> list[int]:
     return list(ids) if isinstance(ids, list) else []
 
 
-async def _agent(client, url: str, n: int, seed: int, vocab: int, until: float, stats: Counter) -> None:
+async def _agent(
+    client, url: str, n: int, seed: int, vocab: int, until: float, stats: Counter, unsettled: list[str]
+) -> None:
+    """``unsettled``: streaming sessions whose last turn may still run (the client gave up waiting):
+    closed once the server has drained, not now."""
     rng = random.Random(seed * 7919 + n)
     program = 0
     while time.monotonic() < until:
@@ -121,10 +126,11 @@ async def _agent(client, url: str, n: int, seed: int, vocab: int, until: float, 
             continue
         context = rand_ids(rng, rng.randint(150, 600), vocab)
         turns = rng.randint(2, 6)
+        settled = True
         for t in range(turns):
             last = t == turns - 1
             ending = rng.choices(("completes", "gives_up", "aborts"), (0.8, 0.12, 0.08))[0]
-            if streaming:  # closed with a turn in flight, SGLang keeps a session's KV for good, any policy
+            if streaming:  # a session is closed once its turn is over (see the module's docstring)
                 ending = "completes"
             sp: dict = {"max_new_tokens": rng.randint(8, 48), "ignore_eos": True, "temperature": 0.0}
             body: dict = {"input_ids": context, "sampling_params": sp, "stream": True, "rid": f"{pid}#{t}-{seed}"}
@@ -139,12 +145,15 @@ async def _agent(client, url: str, n: int, seed: int, vocab: int, until: float, 
             if identity == "reused-id" and rng.random() < 0.2:  # ended while its turn is in flight
                 asyncio.get_running_loop().call_later(0.05, _close_later, client, url, pid)
             out = await _turn(client, url, body, ending, rng, stats)
+            settled = bool(out)
             if not out or ending != "completes" or time.monotonic() >= until:
                 break  # the agent gives up on this program (it never says so)
             new = rand_ids(rng, rng.randint(20, 150), vocab)
             context = new if streaming else context + out + new
             await asyncio.sleep(rng.uniform(0.05, 1.0))  # the tool call
-        if identity in ("streaming", "reused-id"):
+        if streaming and not settled:
+            unsettled.append(pid)
+        elif identity in ("streaming", "reused-id"):
             await _close_session(client, url, pid, stats)
 
 
@@ -160,13 +169,17 @@ def _one_seed(ctx: Ctx, seed: int) -> dict:
     srv = SGLangServer(ctx.model, args, env=env, log_path=ctx.logs / f"chaos-s{seed}.log")
     row: dict = {"seed": seed}
     stats: Counter = Counter()
+    unsettled: list[str] = []
     with srv:
         until = time.monotonic() + sizes.chaos_s
 
         async def run() -> None:
             async with httpx.AsyncClient(limits=limits(sizes.chaos_clients)) as client:
                 await asyncio.gather(
-                    *(_agent(client, srv.url, n, seed, ctx.vocab, until, stats) for n in range(sizes.chaos_clients))
+                    *(
+                        _agent(client, srv.url, n, seed, ctx.vocab, until, stats, unsettled)
+                        for n in range(sizes.chaos_clients)
+                    )
                 )
 
         asyncio.run(asyncio.wait_for(run(), timeout=sizes.chaos_s + 180))
@@ -175,6 +188,8 @@ def _one_seed(ctx: Ctx, seed: int) -> dict:
         result = ProbeResult("chaos")
         finish(result, srv, drain_s=5 + 2 + 30)  # the longest TTL, the wait hold, and the engine's drain
         row["drained"] = result.details.get("drain")
+        for pid in unsettled:  # nothing runs now: SGLang releases the session at once
+            httpx.post(srv.url + "/close_session", json={"session_id": pid}, timeout=30)
         row["problems"] = list(result.problems)
         deadline, gauges = time.monotonic() + 30, _gauges(srv)
         while any(v for v in gauges.values()) and time.monotonic() < deadline:
