@@ -6,11 +6,17 @@
 #      programs/s, where the KV pool is contended; 3 seeds;
 #   2. MEASURED on this machine: real SGLang servers on CPU with the embedded tiny model, fcfs, lpm
 #      and continuum, 30 programs of the prefill-heavy SWE-like workload (its small variant: two
-#      thirds of the tokens, half the tool time) arriving at 5/s on a KV pool of ~6 program
-#      contexts, where fcfs and lpm fall into the re-prefill spiral (docs/results/thrash-cpu/);
-#      2 seeds (each real run costs ~25 s of server start-up and ~35-45 s of replay).
-# Then it prints a summary (ratios, spread, worst seed, pins, where the plots are). About 9-10 minutes
-# on 2 cores once set up. DEMO_OUT=dir to write elsewhere (default out/demo).
+#      thirds of the tokens, half the tool time) on a KV pool of ~6 program contexts, where fcfs
+#      and lpm fall into the re-prefill spiral (docs/results/thrash-cpu/); 2 seeds (each real run
+#      costs ~25 s of server start-up and ~35-60 s of replay). The load is set from this machine's
+#      speed, measured on the first server before its run (--jps auto, lab/continuum_lab/bench/calibrate.py):
+#      programs arrive at 4.5x the rate it can prefill them with nothing cached, and each program's
+#      tools take 1.7x its no-cache prefill time, so every machine is offered the same pressure (a
+#      rate fixed in programs/s spirals on one machine and idles on one twice as fast). The chosen
+#      rate and why head its report and the summary.
+# Then it prints a summary (ratios, spread, worst seed, pins, where the plots are). About 9-11 minutes
+# on 2 cores once set up. DEMO_OUT=dir to write elsewhere (default out/demo); DEMO_JPS=N fixes the
+# measured part's rate instead (programs/s, tool times as recorded).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -27,7 +33,8 @@ $BENCH --emulate configs/profiles/h100-sglang-llama-3.1-8b.json --workload "$OUT
   --jps 0.1 --seeds 1,2,3 --policies fcfs,lpm,continuum --jobs 2 --summary-only --out "$OUT/emulated"
 
 echo "[demo] part 2/2: MEASURED on this machine (real SGLang servers on CPU, tiny model)"
+if [ -n "${DEMO_JPS:-}" ]; then LOAD=(--jps "$DEMO_JPS"); else LOAD=(--jps auto --load 4.5 --tool-ratio 1.7); fi
 $BENCH --workload workloads/swe-cpu-prefill-72-small.jsonl --model .models/tiny-llama --policies fcfs,lpm,continuum \
-  --jps 5 --pool-programs 6 --programs 30 --seeds 1,2 --out "$OUT/measured"
+  "${LOAD[@]}" --pool-programs 6 --programs 30 --seeds 1,2 --out "$OUT/measured"
 
 $PY -m continuum_lab.cli.demo "$OUT"

@@ -50,6 +50,7 @@ from typing import Optional
 from tqdm import tqdm
 
 from continuum_lab.bench.attribution import read_log, score
+from continuum_lab.bench.calibrate import DEFAULT_LOAD, AutoLoad, parse_load
 from continuum_lab.bench.events import read_admission_log, summarize_admissions
 from continuum_lab.bench.policies import (
     CPU_PROFILE,
@@ -73,7 +74,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--model", help="model path for the servers this tool starts")
     ap.add_argument("--url", help="replay against this running server instead (no server is started)")
     ap.add_argument("--policies", default="fcfs,lpm,continuum-ref,continuum")
-    ap.add_argument("--jps", default="0.5", help="programs per second; a list sweeps: 0.25,0.5,1")
+    ap.add_argument("--jps", help="programs/s (default 0.5), a list sweeps: 0.25,0.5,1; auto: --load x this machine's")
+    ap.add_argument("--load", type=float, help=f"--jps auto: x the measured no-cache service rate ({DEFAULT_LOAD:g})")
+    ap.add_argument("--tool-ratio", type=float, help="--jps auto: tool time x a program's no-cache prefill time")
     ap.add_argument("--seed", type=int, default=0, help="one arrival and token seed (see --seeds)")
     ap.add_argument("--seeds", default="", help="seeds to compare over, e.g. 1,2,3,4,5 (overrides --seed)")
     ap.add_argument("--repeat", type=int, default=1, help="run the whole seeds x policies grid this many times")
@@ -145,7 +148,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     programs = load_workload(args.workload)
     if args.programs:
         programs = programs[: args.programs]
-    jps_list = [float(x) for x in args.jps.split(",")]
+    try:
+        jps_list, load = parse_load(args.jps if args.jps is not None else ("" if args.load else "0.5"), args.load)
+    except ValueError as exc:
+        ap.error(str(exc))
+    if load is not None and args.sessions:
+        ap.error("--sessions holds N sessions in flight: --jps auto / --load do not apply")
+    if args.tool_ratio is not None and (load is None or not args.tool_ratio > 0):
+        ap.error("--tool-ratio needs --jps auto (the machine's measured speed) and a positive ratio")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if args.url:
         policies = policies[:1]
@@ -180,6 +190,15 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     seeds = [int(x) for x in args.seeds.split(",") if x.strip()] or [args.seed]
     server_cpus, client_cpus = cpu_split(not args.no_pin_cpus and not args.emulate)
+    try:
+        auto = load and AutoLoad(
+            programs, load, args.tool_ratio, latency=latency, vocab=args.vocab, cpus=client_cpus, out=args.out
+        )
+    except ValueError as exc:
+        ap.error(str(exc))
+    if auto and (args.emulate or args.url):  # else the first run's server is probed once it is up
+        jps_list, programs = [auto(args.url, f"the server at {args.url}").jps], auto.programs
+        args.run_workload = auto.workload_path or args.workload  # emulated runs read a file
     runs = []
     started = time.time()
     if args.sessions:
@@ -200,8 +219,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             f"emulating {latency.name} ({args.emulate}): SGLang's scheduler in virtual time, {args.jobs} run(s) at once"
         )
         emulated = _emulated_runs(grid, args, pool, extra_env)
+    if auto and not jps_list:
+        grid = [(r, s, None, p) for r, s, _, p in run_order(policies, seeds, [0.0], args.repeat)]
     for repeat, seed, jps, policy in grid:
-        desc = f"{policy} @ {jps:g} jps, seed {seed}"
+        label = "auto" if jps is None else f"{jps:g}"  # in file names: known before the probe
+        desc = f"{policy} @ {label} jps, seed {seed}"
         if args.emulate:
             run = next(emulated)
             result = ReplayResult.from_dict(run["replay"], "", run["metrics_after"])
@@ -219,7 +241,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             runs.append(
                 {"policy": policy, "jps": jps, "seed": seed, "repeat": repeat, "server_cores": None, "summary": summary}
                 | {"emulator": run["emulator"], "replay": run["replay"]}
-                | _attribution(args, result, _attribution_path(args, policy, jps, seed, repeat))
+                | _attribution(args, result, _attribution_path(args, policy, label, seed, repeat))
             )
             _print_run(desc, summary)
             continue
@@ -231,7 +253,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             close_sessions=policy.partition("+")[0] == "session",
             identity=args.identity,
         )
-        attribution_log = _attribution_path(args, policy, jps, seed, repeat)
+        attribution_log = _attribution_path(args, policy, label, seed, repeat)
         server_cores = None
         workers = None
         base_policy, _, router_policy = policy.partition("@")
@@ -243,9 +265,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             flags, env = parse_policy(base_policy, cpu=not args.gpu)
             if "tlru" in flags:
                 flags += ["--radix-eviction-policy-config", json.dumps(tlru_config(programs))]
-            log = args.out / f"server-{policy}-{jps:g}-s{seed}-r{repeat}.log"
+            log = args.out / f"server-{policy}-{label}-s{seed}-r{repeat}.log"
             if args.workers > 1 or router_policy:
-                log_dir = args.out / f"fleet-{policy}-{jps:g}-s{seed}-r{repeat}"
+                log_dir = args.out / f"fleet-{policy}-{label}-s{seed}-r{repeat}"
                 log_dir.mkdir(parents=True, exist_ok=True)
                 # smg routes OpenAI requests by model name (one server takes any): name it as the client does
                 named = [] if "--served-model-name" in common else ["--served-model-name", replayer.model]
@@ -262,11 +284,14 @@ def main(argv: Optional[list[str]] = None) -> int:
                     cpus=server_cpus,
                 ) as fleet:
                     replayer.url, replayer.metrics_urls = fleet.url, fleet.worker_urls
+                    if jps is None:
+                        jps, programs = auto.first_run(fleet.url, f"fleet ({policy}, seed {seed})"), auto.programs
+                        desc = f"{policy} @ {jps:g} jps, seed {seed}"
                     result = _run(replayer, programs, jps, desc, total_turns, client_cpus)
                     server_cores = sorted(set().union(*(tree_cores(w.proc.pid) for w in fleet.workers)))
                 workers = worker_table(result.worker_metrics)
             else:
-                event_log = _event_log_path(args, policy, jps, seed, repeat)
+                event_log = _event_log_path(args, policy, label, seed, repeat)
                 event_log.unlink(missing_ok=True)
                 run_env = {**env, "SGLANG_CONTINUUM_EVENT_LOG": str(event_log.resolve()), **extra_env}
                 with SGLangServer(
@@ -278,6 +303,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                     cpus=server_cpus,
                 ) as server:
                     replayer.url = server.url
+                    if jps is None:
+                        jps, programs = auto.first_run(server.url, f"server ({policy}, seed {seed})"), auto.programs
+                        desc = f"{policy} @ {jps:g} jps, seed {seed}"
                     result = _run(replayer, programs, jps, desc, total_turns, client_cpus)
                     server_cores = tree_cores(server.proc.pid)
                     # everything is read (metrics scraped; the admission log is flushed when the
@@ -330,7 +358,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         "server_args": common,
         "server_env": extra_env,
         "policies": policies,
-        "jps": jps_list,
+        "jps": jps_list or [r["jps"] for r in runs[:1]],
+        **({"calibration": auto.calibration.to_dict()} if auto else {}),
         "elapsed_s": time.time() - started,
         "rows": rows,
         "runs": runs,
@@ -345,6 +374,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "",
         f"Command: `{command}`",
         "",
+        *([f"Load (`--jps auto`): {auto.calibration.headline()}", ""] if auto else []),
         f"{len(programs)} programs, {total_turns} turns, seeds {', '.join(map(str, seeds))}"
         f"{f' x {args.repeat} repeats' if args.repeat > 1 else ''}, policies interleaved. KV pool {pool} tokens "
         f"({pool_regime(programs, pool)}). "
@@ -419,17 +449,18 @@ def fleet_section(runs: list[dict]) -> list[str]:
     return [*lines, ""]
 
 
-def _event_log_path(args, policy: str, jps: float, seed: int, repeat: int) -> Path:
-    """Where the run's server writes its event log (admissions; attributions with ``--no-ids``)."""
+def _event_log_path(args, policy: str, label: str, seed: int, repeat: int) -> Path:
+    """Where the run's server writes its event log (admissions; attributions with ``--no-ids``);
+    ``label``: the load as file names give it (``5``, or ``auto`` with --jps auto)."""
     folder = args.out / ("runs" if args.emulate else "")
-    return folder / f"events-{policy}-{jps:g}-s{seed}-r{repeat}.jsonl"
+    return folder / f"events-{policy}-{label}-s{seed}-r{repeat}.jsonl"
 
 
-def _attribution_path(args, policy: str, jps: float, seed: int, repeat: int) -> Optional[Path]:
+def _attribution_path(args, policy: str, label: str, seed: int, repeat: int) -> Optional[Path]:
     """The event log the run's attributions are read from (``--no-ids`` on a continuum policy)."""
     if args.identity != "none" or not policy.startswith("continuum") or args.url:
         return None
-    return _event_log_path(args, policy, jps, seed, repeat)
+    return _event_log_path(args, policy, label, seed, repeat)
 
 
 def _attribution(args, result: ReplayResult, log: Optional[Path]) -> dict:
@@ -521,7 +552,7 @@ def _emulated_runs(grid, args, pool: int, extra_env: dict):
         load = f"n{jps:g}" if args.sessions else f"{jps:g}"
         out = args.out / "runs" / f"{policy}-{load}-s{seed}-r{repeat}.json"
         cmd = [
-            "--workload", str(args.workload), "--policy", policy, "--profile", str(args.emulate),
+            "--workload", str(getattr(args, "run_workload", None) or args.workload), "--policy", policy, "--profile", str(args.emulate),
             "--jps", str(jps), "--seed", str(seed), "--max-total-tokens", str(pool),
             "--programs", str(args.programs), "--vocab", str(min(args.vocab, 1000)),
             "--server-args", args.server_args, "--out", str(out),
@@ -531,7 +562,7 @@ def _emulated_runs(grid, args, pool: int, extra_env: dict):
             cmd[cmd.index("--jps") : cmd.index("--jps") + 2] = ["--jps", "0", "--sessions", str(int(jps))]
             cmd += ["--window-s", str(args.window_s), "--warmup-s", str(args.warmup_s)]
             cmd += [] if args.max_gap_s is None else ["--max-gap-s", str(args.max_gap_s)]
-        log_path = _attribution_path(args, policy, jps, seed, repeat)
+        log_path = _attribution_path(args, policy, f"{jps:g}", seed, repeat)
         cmd.append(f"--identity={args.identity}")
         if log_path is not None:
             if not (args.reuse_runs and out.is_file()):

@@ -40,6 +40,11 @@ def part_summary(report: dict, policy: str = "continuum") -> list[str]:
     lines = [
         f"  workload {Path(report['workload']).name}: {report.get('programs', '?')} programs at "
         f"{me['jps']:g} programs/s, KV pool {report.get('kv_pool_tokens', '?')} tokens, seeds {seeds}",
+        *(
+            [f"  load chosen by measuring this machine (--jps auto): {report['calibration']['reason']}"]
+            if report.get("calibration")
+            else []
+        ),
         "  policy          median mean JCT   IQR               worst     cache hit   pin hits (all seeds)",
     ]
     for name, r in rows.items():
