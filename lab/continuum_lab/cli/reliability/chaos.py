@@ -124,8 +124,9 @@ async def _agent(
         streaming = identity == "streaming"
         if streaming and not await _open_session(client, url, pid, stats):
             continue
-        context = rand_ids(rng, rng.randint(150, 600), vocab)
-        turns = rng.randint(2, 6)
+        # a streaming session holds its context between turns: kept short, or a few fill the pool
+        context = rand_ids(rng, rng.randint(50, 150) if streaming else rng.randint(150, 600), vocab)
+        turns = rng.randint(2, 3 if streaming else 6)
         settled = True
         for t in range(turns):
             last = t == turns - 1
@@ -148,13 +149,26 @@ async def _agent(
             settled = bool(out)
             if not out or ending != "completes" or time.monotonic() >= until:
                 break  # the agent gives up on this program (it never says so)
-            new = rand_ids(rng, rng.randint(20, 150), vocab)
+            new = rand_ids(rng, rng.randint(20, 60 if streaming else 150), vocab)
             context = new if streaming else context + out + new
             await asyncio.sleep(rng.uniform(0.05, 1.0))  # the tool call
         if streaming and not settled:
             unsettled.append(pid)
         elif identity in ("streaming", "reused-id"):
             await _close_session(client, url, pid, stats)
+
+
+def _wait_idle(srv: SGLangServer, timeout_s: float) -> None:
+    """Until the server runs and queues nothing (``/v1/loads``), at most ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            loads = httpx.get(srv.url + "/v1/loads", timeout=10).json()["loads"]
+            if all(load["num_running_reqs"] == 0 and load["num_waiting_reqs"] == 0 for load in loads):
+                return
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            pass
+        time.sleep(1.0)
 
 
 def _gauges(srv: SGLangServer) -> dict[str, float]:
@@ -186,10 +200,11 @@ def _one_seed(ctx: Ctx, seed: int) -> dict:
         row["traffic"] = dict(stats)
         row["right_after"] = _gauges(srv)
         result = ProbeResult("chaos")
-        finish(result, srv, drain_s=5 + 2 + 30)  # the longest TTL, the wait hold, and the engine's drain
-        row["drained"] = result.details.get("drain")
+        _wait_idle(srv, 120.0)
         for pid in unsettled:  # nothing runs now: SGLang releases the session at once
             httpx.post(srv.url + "/close_session", json={"session_id": pid}, timeout=30)
+        finish(result, srv, drain_s=5 + 2 + 30)  # the longest TTL, the wait hold, and the engine's drain
+        row["drained"] = result.details.get("drain")
         row["problems"] = list(result.problems)
         deadline, gauges = time.monotonic() + 30, _gauges(srv)
         while any(v for v in gauges.values()) and time.monotonic() < deadline:
