@@ -200,7 +200,14 @@ class SchedulerBinding:
             getattr(scheduler, "tokenizer", None), getattr(scheduler.server_args, "tool_call_parser", None)
         )
         cache.program_waiting = self.program_waiting
-        cache.runtime = ContinuumRuntime.start(cache)  # the services, composed once per scheduler
+        cache.runtime = ContinuumRuntime.start(  # the services, composed once per scheduler
+            cache.settings,
+            cache.controller,
+            cache.step_clock,
+            **cache.ranks._asdict(),
+            host_tier=cache.host_tier is not None,
+            single_shot=cache.single_shot,
+        )
         cache.program_taken = self.admission.taken.__contains__
         self._sglang = {
             name: getattr(scheduler, name)

@@ -23,7 +23,8 @@ from sglang_continuum.core.stats_endpoints import rank_endpoint, read_keys
 from sglang_continuum.core.stats_exchange import StatsExchange
 
 if TYPE_CHECKING:
-    from sglang_continuum.adapter.radix_cache import ContinuumRadixCache
+    from sglang_continuum.core.controller import ContinuumController
+    from sglang_continuum.core.settings import ContinuumSettings
 
 logger = logging.getLogger(__name__)
 
@@ -45,27 +46,39 @@ class ContinuumRuntime:
         self._held_back = 0
 
     @classmethod
-    def start(cls, cache: "ContinuumRadixCache") -> "ContinuumRuntime":
-        """The services ``cache``'s settings ask for. One writer per server (tensor- and
-        pipeline-parallel rank 0) saves statistics and logs events."""
+    def start(
+        cls,
+        settings: "ContinuumSettings",
+        controller: "ContinuumController",
+        clock: Callable[[], float],
+        *,
+        tp_rank: int,
+        tp_size: int,
+        pp_rank: int,
+        enable_metrics: bool,
+        host_tier: bool,
+        single_shot: Callable[[str], None],
+    ) -> "ContinuumRuntime":
+        """The services ``settings`` ask for. One writer per server (tensor- and pipeline-parallel
+        rank 0) saves statistics and logs events; ``host_tier``: HiCache is on (its series too);
+        ``single_shot``: what prefix inference calls for a first turn found not to be a program."""
         rt = cls()
-        settings, controller, ranks = cache.settings, cache.controller, cache.ranks
-        rt.controller, rt.clock = controller, cache.step_clock
-        writer = ranks.tp_rank == 0 and ranks.pp_rank == 0
+        rt.controller, rt.clock = controller, clock
+        writer = tp_rank == 0 and pp_rank == 0
         if settings.stats_path:
             load_stats(controller, settings.stats_path)
             rt.saver = StatsSaver(settings.stats_path) if writer else None
         rt._next_stats_save = rt.clock() + controller.timings.stats_save_interval_s
         if settings.event_log and writer:
             rt.event_log = EventLog(settings.event_log)
-        rt.exchange = rt._start_exchange(settings, ranks.tp_size)
+        rt.exchange = rt._start_exchange(settings, tp_size)
         if settings.infer_programs:
             rt.inference = ProgramInference(
-                controller.programs.__contains__, rt.clock, event_log=rt.event_log, single_shot=cache.single_shot
+                controller.programs.__contains__, rt.clock, event_log=rt.event_log, single_shot=single_shot
             )
-        if ranks.enable_metrics:
-            rt.metrics = ContinuumMetrics(tp_rank=ranks.tp_rank)
-            if cache.host_tier is not None:
+        if enable_metrics:
+            rt.metrics = ContinuumMetrics(tp_rank=tp_rank)
+            if host_tier:
                 rt.metrics.add_host_series()
         return rt
 
