@@ -242,30 +242,41 @@ def predicted_seconds(latency) -> Callable[[list[int]], list[float]]:
     return lambda lengths: [latency.prefill_seconds([(n, 0)]) for n in lengths]
 
 
+def measure_prefill(url: str, lengths: list[int], repeats: int, vocab: int, seed: int = 0) -> list[tuple[int, float]]:
+    """Seconds a fresh prefill of each length takes on ``url``: random prompts, one warm-up, then
+    the median of ``repeats`` (``continuum-profile``'s points, the calibration's probe)."""
+    import random
+    import statistics
+    import time
+
+    import httpx
+
+    rng = random.Random(seed)
+    points = []
+    with httpx.Client(timeout=600) as client:
+        for n in lengths:
+            xs = []
+            for _ in range(repeats + 1):
+                ids = [rng.randrange(5, vocab) for _ in range(n)]
+                t0 = time.perf_counter()
+                body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1}}
+                client.post(url + "/generate", json=body).raise_for_status()
+                xs.append(time.perf_counter() - t0)
+            points.append((n, statistics.median(xs[1:])))  # the first run warms up this length
+            print(f"  {n:>7} tokens: {points[-1][1] * 1000:9.1f} ms", flush=True)
+    return points
+
+
 def probe_server(url: str, vocab: int, repeats: int = PROBE_REPEATS) -> Callable[[list[int]], list[float]]:
     """The real probe: fresh prompts of each length against ``url`` (one warm-up, then the
     median of ``repeats``; as ``continuum-profile`` times its points), then the radix cache
     flushed so the run starts as cold as the others."""
 
     def seconds(lengths: list[int]) -> list[float]:
-        import random
-        import statistics
-        import time
-
         import httpx
 
-        rng, out = random.Random(12345), []
+        out = [s for _, s in measure_prefill(url, lengths, repeats, vocab, seed=12345)]
         with httpx.Client(timeout=600) as client:
-            for n in lengths:
-                xs = []
-                for _ in range(repeats + 1):
-                    ids = [rng.randrange(5, vocab) for _ in range(n)]
-                    t0 = time.perf_counter()
-                    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1}}
-                    client.post(url + "/generate", json=body).raise_for_status()
-                    xs.append(time.perf_counter() - t0)
-                out.append(statistics.median(xs[1:]))  # the first warms this length up
-                print(f"  {n:>7} tokens: {out[-1] * 1000:9.1f} ms", flush=True)
             client.post(url + "/flush_cache").raise_for_status()
         return out
 

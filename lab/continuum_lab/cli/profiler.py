@@ -37,6 +37,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from continuum_lab.bench.calibrate import measure_prefill as measure
 from sglang_continuum.core.cost_model import PrefillProfile
 
 
@@ -56,23 +57,6 @@ def fit_profile(points, **kw) -> PrefillProfile:
     c, _ = nnls(a / y[:, None], np.ones_like(y))
     coeffs = (float(c[0]), float(c[1] / scale), float(c[2] / scale**2))
     return PrefillProfile(coeffs, points=[list(p) for p in points], **kw)
-
-
-def measure(url: str, lengths: list[int], repeats: int, vocab: int, seed: int = 0) -> list[tuple[int, float]]:
-    rng = random.Random(seed)
-    points = []
-    with httpx.Client(timeout=600) as client:
-        for n in lengths:
-            xs = []
-            for _ in range(repeats + 1):
-                ids = [rng.randrange(5, vocab) for _ in range(n)]
-                t0 = time.perf_counter()
-                r = client.post(url + "/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": 1}})
-                r.raise_for_status()
-                xs.append(time.perf_counter() - t0)
-            points.append((n, statistics.median(xs[1:])))  # the first run warms up this length
-            print(f"  {n:>7} tokens: {points[-1][1] * 1000:9.1f} ms", flush=True)
-    return points
 
 
 def _batch_seconds(client: httpx.Client, url: str, prompts: list[list[int]], new_tokens: int) -> float:
