@@ -9,4 +9,7 @@ export SGLANG_USE_CPU_ENGINE=1 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 # style first (seconds): pyflakes, import order, bugbear, formatting (config in pyproject.toml)
 .venv/bin/ruff check sglang_continuum lab tests cpushim
 .venv/bin/ruff format --check sglang_continuum lab tests cpushim
-exec .venv/bin/python -m pytest -p no:cacheprovider -q "$@"
+# A whole-suite limit well inside CI's: a process that hangs (after its summary, say) ends with every
+# thread's stack printed (faulthandler on SIGABRT) instead of running out CI's clock in silence.
+exec timeout --signal=ABRT --kill-after=60 "${CONTINUUM_SUITE_LIMIT_S:-2700}" \
+  .venv/bin/python -X faulthandler -m pytest -p no:cacheprovider -q "$@"

@@ -10,6 +10,7 @@ rules strings below only name the lab's variants: a server started with one impo
 
 from __future__ import annotations
 
+import random
 import socket
 from functools import partial
 from typing import Callable, Optional, Union
@@ -96,10 +97,20 @@ def fixed_ttl_env(seconds: float, **timings: float) -> dict[str, str]:
 
 
 def free_port() -> int:
-    """A TCP port on localhost nobody listens on now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port on localhost nobody listens on now, below the kernel's ephemeral range: a socket
+    that keeps reconnecting to an ephemeral port nobody listens on yet can be given that very port
+    as its own source port (a TCP self-connect), and then the port cannot be bound."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(max(1024, ephemeral_low - 12_000), ephemeral_low)
+        if port_is_free(port):
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def port_is_free(port: int) -> bool:

@@ -51,6 +51,7 @@ from __future__ import annotations
 import logging
 import math
 import uuid
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
@@ -180,6 +181,11 @@ class StatsExchange:
         self._auth = None
         self._pub = None
         self._sources: dict[Any, _Source] = {}  # by socket
+        # released at interpreter exit too, if nobody closed it: a zmq context left to the garbage
+        # collector at exit can block the process in ``term`` for good
+        # (the finalizer holds the sockets: collected first, they could no longer be closed)
+        self._owned: list[Any] = []  # authenticator and sockets, each closed before the context ends
+        self._release = weakref.finalize(self, _release, self._context, self._owned)
         self._groups: dict[int, Optional[bool]] = {SIBLINGS: True}  # True: a peer's; False: us; None: not yet known
         self._poller = zmq.Poller()
         try:
@@ -206,6 +212,7 @@ class StatsExchange:
             from zmq.auth.thread import ThreadAuthenticator
 
             self._auth = ThreadAuthenticator(self._context)
+            self._owned.append(self._auth)
             self._auth.start()
             self._auth.configure_curve_callback("*", FleetKey(self._keys[0]))
         self._pub = self._socket(zmq.XPUB, queue_messages)
@@ -228,6 +235,7 @@ class StatsExchange:
     def _socket(self, kind: int, queue_messages: int):
         zmq = self._zmq
         sock = self._context.socket(kind)
+        self._owned.append(sock)
         sock.setsockopt(zmq.LINGER, 0)  # closing never waits for a peer
         sock.setsockopt(zmq.SNDHWM if kind == zmq.XPUB else zmq.RCVHWM, queue_messages)
         if self._keys is not None:
@@ -271,15 +279,10 @@ class StatsExchange:
         return sum(1 for s in self._sources.values() if now - s.peer.heard <= ALIVE_S)
 
     def close(self) -> None:
-        for sock in (self._pub, *self._sources):
-            if sock is not None:
-                sock.close(linger=0)
         self._pub = None
         self._sources = {}
-        if self._auth is not None:
-            self._auth.stop()
-            self._auth = None
-        self._context.term()
+        self._auth = None
+        self._release()
 
     def check_integrity(self) -> None:
         assert len(self._outbox) <= self.max_outbox, "stats outbox over its bound"
@@ -482,3 +485,14 @@ def _read_sample(item) -> Optional[tuple[int, str, str, float]]:
     ):
         return None
     return seq, kind, tool, float(value)
+
+
+def _release(context: Any, owned: list) -> None:
+    """Stop the authenticator, close every socket without lingering, end the context."""
+    for thing in owned:
+        if hasattr(thing, "stop"):
+            thing.stop()
+        else:
+            thing.close(linger=0)
+    owned.clear()
+    context.term()

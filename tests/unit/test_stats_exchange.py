@@ -465,3 +465,32 @@ def test_two_dp_ranks_with_the_same_configured_endpoint_both_share(closing, tmp_
     assert samples(c1, "tool0") == samples(c0, "tool0") and samples(c0, "tool1") == samples(c1, "tool1")  # once each
     assert x0.counters.received == x1.counters.received == 10
     x0.check_integrity(), x1.check_integrity()
+
+
+def test_an_exchange_nobody_closed_never_blocks_its_process():
+    """An exchange left to the garbage collector (a test that failed, a scheduler that dropped it)
+    in a reference cycle: its context used to block the process in ``term`` for good, because the
+    sockets were collected before the context and so could no longer be closed."""
+    script = textwrap.dedent(
+        """
+        import gc, sys
+        from sglang_continuum.core.stats_exchange import StatsExchange
+
+        class Owner:
+            pass
+
+        owner = Owner()
+        owner.exchange = StatsExchange(sys.argv[1], [sys.argv[2]], interval_s=0.0)
+        owner.record, owner.exchange.owner = owner.exchange.record, owner  # a cycle
+        del owner
+        gc.collect()
+        print("collected", flush=True)
+        """
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", script, endpoint(), endpoint()], capture_output=True, text=True, timeout=60
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the process hung collecting an unclosed exchange")
+    assert done.returncode == 0 and done.stdout.strip() == "collected", done.stderr
