@@ -235,10 +235,11 @@ class ContinuumController:
         return out
 
     def _pin(self, out: FinishOutcome, state: ProgramState, tool: str, context_tokens: int, handle, now: float) -> None:
-        """Ask the TTL model how long to keep the finished turn's prefix and pin it for that long
-        (``out.pin``; ``out.release``: later programs' pins pushed out of the budget)."""
+        """Pin the finished turn's prefix for the TTL model's time, or the door's while it keeps the
+        program resident (``out.pin``; ``out.release``: later programs' pins pushed out of the budget)."""
         pid = state.program_id
-        ttl = min(float(self.ttl_model.ttl(TTLQuery(tool, context_tokens))), self.settings.max_ttl_s)
+        ttl = max(float(self.ttl_model.ttl(TTLQuery(tool, context_tokens))), self.door.resident_ttl(tool, now))
+        ttl = min(ttl, self.settings.max_ttl_s)
         out.ttl = ttl
         if ttl <= 0:
             logger.debug("continuum: program=%s tool=%s ttl=0; no pin", pid, tool)
@@ -367,8 +368,7 @@ class ContinuumController:
         self.ttl_model.pin_survival = self.survival.outcome(hit=hit)
 
     def reset(self) -> None:
-        """The engine dropped its whole cache (``/flush_cache``): every pin's node is gone, so
-        pins are dropped without unlocking and counted as flushed."""
+        """The engine dropped its whole cache (``/flush_cache``): pins dropped unlocked, as flushed."""
         self.counters.flushed += len(self.pins.clear())
         self.host.clear()
         self.bounded.return_loss.reset()  # the flush, not the load, took those contexts
@@ -389,10 +389,11 @@ class ContinuumController:
         """The door (``core/door.py``, ``Door.holds_back``, whose keywords ``room`` passes on) for a
         waiting turn; a turn held records it (once per turn)."""
         state = self.programs.get(tag.meta.program_id) if tag.meta.has_program else None
-        held = self.door.holds_back(tag, state, request_tokens, capacity_tokens, **room)
+        held = self.door.holds_back(tag, state, request_tokens, capacity_tokens, now=self.clock(), **room)
         if held and not tag.held_back:
             tag.held_back = True
             self.admission.held_back += 1
+            self.admission.paused += not tag.new_program
         return held
 
     def admission_reservation(self, tag: TurnTag, request_tokens: int) -> int:

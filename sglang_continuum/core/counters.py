@@ -29,7 +29,8 @@ class HostCounters:
 
 @dataclass(slots=True)
 class AdmissionCounters:
-    held_back: int = 0  # new programs' first turns kept waiting by admission control
+    held_back: int = 0  # turns kept waiting by admission control (first turns, and paused returns)
+    paused: int = 0  # of them, returns of programs paused at a turn boundary (``door.Door.pauses``)
     admission_sheds: int = 0  # pins shed so that a blocked turn could be admitted (any rule)
     admitted: int = 0  # requests admitted
     overdue_admitted: int = 0  # requests that were overdue when admitted

@@ -19,6 +19,16 @@ never holds a turn when holding it would idle the engine.
 The capacity is the adapter's: the device pool, or with HiCache what the two tiers hold together.
 Past that, letting more programs in only makes the host tier cycle (every return a re-prefill);
 holding whole programs at the door keeps the ones admitted served.
+
+**Residency** (no host tier): the door and the pin are one decision. While the door is *binding*
+(it held a first turn within ``BINDING_S``), the memory an admitted program keeps through its tool
+call is memory the door would give nobody, so keeping it costs nothing: the program stays resident,
+pinned for the tool's usual time (``resident_ttl``) whatever the TTL model would pay. And a return
+that found its context gone, from a program no longer in the working set, is a program the pool
+could not keep: it is *paused* at its turn boundary -- held like a first turn until the working set
+leaves it room, then resumed in the queue order -- rather than re-prefilled into a pool where it
+evicts the resident ones (the thrash of an over-admitted pool, or of a cold start before any
+program has ended). No running turn is preempted.
 """
 
 from __future__ import annotations
@@ -37,6 +47,9 @@ WORKING_SET_WINDOW_S = 30.0  # a program unseen this long (out on a tool) leaves
 # for minutes do not keep new ones out
 HOST_TIER_WORKING_SET_WINDOW_S = 120.0
 FINAL_CONTEXT_WINDOW = 64  # ended programs whose final contexts give the expected one
+BINDING_S = 5.0  # the door binds for this long after it held a first turn
+RESIDENT_QUANTILE = 0.9  # a resident program's pin lasts this quantile of its tool's times
+RESIDENT_MIN_SAMPLES = 8  # ... known from this many of them (else from every tool's)
 
 
 class WorkingSet(RegistryWatcher):
@@ -154,10 +167,37 @@ class WorkingSet(RegistryWatcher):
 
 class Door:
     def __init__(self, enabled: bool, stats: Optional[ToolStats] = None) -> None:
-        """``stats``: the tools' times, for a door that weighs them (this one does not)."""
+        """``stats``: the tools' times, which price how long a resident program is kept."""
         self.enabled = enabled
+        self.stats = stats
         self.working_set = WorkingSet()
         self.host_tier = False
+        self.binding_until = -1.0  # the door held a first turn lately (``BINDING_S``)
+
+    def binding(self, now: float) -> bool:
+        return now <= self.binding_until
+
+    def resident_ttl(self, tool: str, now: float) -> float:
+        """How long to keep a program resident through ``tool`` while the door binds (0: it does
+        not, or no host-less residency): the tool's usual time, since the room costs nobody."""
+        if not self.enabled or self.host_tier or self.stats is None or not self.binding(now):
+            return 0.0
+        window, _ = self.stats.window_for(tool, min_samples=RESIDENT_MIN_SAMPLES)
+        if len(window) == 0:
+            return 0.0
+        ordered = window.sorted
+        return float(ordered[min(len(ordered) - 1, int(RESIDENT_QUANTILE * len(ordered)))])
+
+    def pauses(self, tag: TurnTag, state: Optional[ProgramState]) -> bool:
+        """A return that found its context gone, from a program out of the working set: paused
+        while the working set leaves it no room (no host tier: there, its KV waits on host)."""
+        return (
+            not self.host_tier
+            and state is not None
+            and tag.context_gone
+            and state.in_flight <= 1
+            and state.program_id not in self.working_set
+        )
 
     def use_host_tier(self) -> None:
         """A program out on a tool keeps its KV on host, pinned or not: its room is kept longer."""
@@ -180,15 +220,20 @@ class Door:
         idle: bool = False,
         pending_tokens: int = 0,
         behind_overdue: bool = False,
+        now: float = 0.0,
     ) -> bool:
         """Whether ``tag``'s turn (of the program ``state``, None: ended) waits; ``idle``: nothing else
         would run if it did; ``pending_tokens``: what turns admitted earlier in the same prefill
         selection reserve (the working set learns of them only once the batch is formed; without
         them every first turn of a selection would see the same room, and a wave of new programs
-        would pass together); ``behind_overdue``: an overdue first turn ahead of it is held."""
+        would pass together); ``behind_overdue``: an overdue first turn ahead of it is held.
+        A paused return (``pauses``) is weighed as a first turn is."""
         if not self.enabled or idle or not tag.meta.has_program or tag.meta.source == SOURCE_INFERRED:
             return False
-        if state is None or state.turns_admitted > 0:
+        if state is None:
+            return False
+        first_turn = state.turns_admitted == 0
+        if not first_turn and not self.pauses(tag, state):
             return False
         if behind_overdue:
             return True
@@ -196,7 +241,10 @@ class Door:
         if len(working) == 0 and pending_tokens == 0:
             return False
         demand = working.reserved_tokens() + max(request_tokens, working.expected_final_context)
-        return demand + pending_tokens > capacity_tokens
+        held = demand + pending_tokens > capacity_tokens
+        if held and first_turn:
+            self.binding_until = now + BINDING_S
+        return held
 
     def reservation(self, tag: TurnTag, request_tokens: int) -> int:
         """What admitting ``tag``'s turn adds to the working set's reservation (0 for a request

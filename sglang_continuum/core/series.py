@@ -53,7 +53,8 @@ pins_refused                  | counter   | counters.refused                    
 pin_releases                  | counter   | counters.released                   | -    | Pins released by last step, abort, retraction, replacement or a forgotten program.
 pins_flushed                  | counter   | counters.flushed                    | -    | Pins dropped with the whole cache by /flush_cache.
 # admission
-held_back_requests            | counter   | admission.held_back                 | -    | New programs' first turns admission control kept waiting (once per request).
+held_back_requests            | counter   | admission.held_back                 | -    | Turns admission control kept waiting (once per request): new programs' first turns and paused returns.
+programs_paused               | counter   | admission.paused                    | -    | Of them, returns that found their context gone and were paused at a turn boundary until the working set left them room (no host tier).
 admission_sheds               | counter   | admission.admission_sheds           | -    | Pins shed so that a blocked turn could be admitted (ranked after it, or any rank when the engine would idle or the pin is stale).
 requests_admitted             | counter   | admission.admitted                  | -    | Requests admitted.
 overdue_admitted              | counter   | admission.overdue_admitted          | -    | Requests that were overdue (overtaken as many times as their budget) when admitted.

@@ -571,3 +571,46 @@ def test_one_prefill_selection_does_not_let_a_wave_of_new_programs_past_the_door
         cache.check_integrity()
     finally:
         mp.undo()
+
+
+def test_a_return_whose_context_was_evicted_is_paused_while_a_resident_program_fills_the_pool(driver):
+    """Residency without a host tier: a program out on a slow tool (never pinned) loses its context
+    to the pool's LRU; its next turn returns while a resident program's pin and a decode fill the
+    pool. The door pauses it at its turn boundary (held like a first turn, before SGLang's own
+    budget is asked) rather than re-prefilling it over the resident one, and resumes it once the
+    resident program leaves."""
+    rng = random.Random(58)
+    drain_pins(driver)
+    cache = driver.s.tree_cache
+    controller = cache.controller
+    mp = pytest.MonkeyPatch()
+    mp.setattr(type(controller.door.working_set), "expected_final_context", property(lambda self: 0))
+    try:
+        driver.submit(tokens(rng, 560), max_new_tokens=4, custom_params=meta("res-old", "fast"))
+        driver.run_until_idle()
+        assert "res-old" in controller.pins
+        first = tokens(rng, 300)
+        driver.submit(first, max_new_tokens=4, custom_params=meta("res-back", "slow"))
+        driver.run_until_idle()
+        assert "res-back" not in controller.pins and "res-back" not in controller.door.working_set
+        driver.submit(tokens(rng, 450), max_new_tokens=4)  # no id: a filler that evicts res-back's context
+        driver.run_until_idle()
+        paused_before = controller.admission.paused
+        x = driver.submit(tokens(rng, 20), max_new_tokens=200)  # a decode: holding back would not idle
+        driver.step()
+        back = driver.submit(first + tokens(rng, 200), max_new_tokens=4, custom_params=meta("res-back", "slow"))
+        for _ in range(3):
+            driver.step()
+        tag = get_tag(driver.req(back))
+        assert tag.context_gone and tag.held_back and back not in driver.admitted
+        assert controller.admission.paused == paused_before + 1
+        cache.end_program("res-old")  # the resident program leaves: room
+        for _ in range(3):
+            driver.step()
+        assert back in driver.admitted
+        driver.run_until_idle()
+        assert driver.req(back).finished() and driver.req(x).finished()
+        cache.end_program("res-back")
+        cache.check_integrity()
+    finally:
+        mp.undo()

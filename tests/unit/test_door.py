@@ -80,3 +80,58 @@ def test_an_idle_engine_admits_a_newcomer():
     assert not c.holds_back(small, 300, 1000, idle=True)
     returning = c.turn_arrived(meta("a"))
     assert not c.holds_back(returning, 900, 1000)  # a later turn is never held
+
+
+def test_while_the_door_binds_a_program_out_on_a_tool_stays_resident():
+    """Residency: the TTL model pins nothing (0 s), but while the door holds a first turn the
+    memory an admitted program keeps through its tool call would go to nobody: it is pinned for
+    its tool's usual time and keeps its room. Without a held first turn it is let go as before."""
+    for binding in (True, False):
+        c, clock = make(fixed_ttl_s=0.0, max_overtakes=0)
+        for seconds in (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0):
+            c.stats.record("bash", seconds)
+        a = c.turn_arrived(meta("a"))
+        c.turn_admitted(a, 800)
+        if binding:
+            assert c.holds_back(c.turn_arrived(meta("new")), 300, 1000)
+        clock.advance(1.0)
+        out = c.turn_finished(meta("a"), context_tokens=800, handle=object(), tag=a)
+        if binding:
+            assert out.pin is not None and out.ttl == 10.0  # the tool's p90, not the model's 0
+            assert "a" in c.door.working_set
+        else:
+            assert out.pin is None and "a" not in c.door.working_set
+        c.check_integrity()
+
+
+def test_a_return_that_lost_its_context_is_paused_until_the_resident_programs_leave_room():
+    c, clock = make(fixed_ttl_s=0.0, max_overtakes=0)
+    a = c.turn_arrived(meta("a"))
+    c.turn_admitted(a, 500)
+    c.turn_finished(meta("a"), context_tokens=500, handle=object(), tag=a)  # no pin: a leaves
+    b = c.turn_arrived(meta("b"))
+    c.turn_admitted(b, 600)  # b runs: resident
+    clock.advance(2.0)
+    back = c.turn_arrived(meta("a"), prompt_tokens=700, cached_tokens=lambda: 0)  # its context gone
+    kept = c.turn_arrived(meta("kept"))  # a first turn, for contrast: it would be held anyway
+    assert back.context_gone and c.holds_back(back, 700, 1000)
+    assert c.admission.paused == 1 and c.admission.held_back == 1
+    assert not c.holds_back(back, 700, 1000, idle=True)  # never idles the engine
+    c.turn_finished(meta("b"), context_tokens=600, handle=object(), tag=b)  # b out, no pin: room
+    assert not c.holds_back(back, 700, 1000)  # resumed
+    assert c.holds_back(kept, 700, 1000) is False and c.admission.paused == 1
+    c.check_integrity()
+
+
+def test_a_return_that_finds_its_context_or_has_a_host_tier_is_never_paused():
+    for host_tier, cached in ((False, 500), (True, 0)):
+        c, _ = make(fixed_ttl_s=0.0, max_overtakes=0)
+        if host_tier:
+            c.door.use_host_tier()
+        a = c.turn_arrived(meta("a"))
+        c.turn_admitted(a, 500)
+        c.turn_finished(meta("a"), context_tokens=500, handle=object(), tag=a)
+        c.door.working_set.let_go(c.programs.get("a"))  # out of the working set either way
+        c.turn_admitted(c.turn_arrived(meta("b")), 900)
+        back = c.turn_arrived(meta("a"), prompt_tokens=600, cached_tokens=lambda cached=cached: cached)
+        assert not c.holds_back(back, 600, 1000) and c.admission.paused == 0
