@@ -8,7 +8,8 @@ work. Program metadata (program id, last step, tool name) travels in ``custom_pa
 ``session_id``; program-affine routers get the ``x-smg-routing-key`` header.
 
 Appended tokens are random ids drawn from a per-program generator seeded by (seed, program id),
-so every policy sees identical prompts. With ``identity="routing-key"`` (``continuum-bench --identity
+so every policy sees identical prompts; a grouped program's first prompt (``Program.group``: an
+RL rollout's samples of one prompt) from its group's generator, the same ids for the whole group. With ``identity="routing-key"`` (``continuum-bench --identity
 routing-key``) only SGLang's routing key travels (the header and ``/generate``'s ``routing_key``);
 with ``identity="none"`` (``--identity none``, ``--no-ids``) no program metadata travels at all.
 Without ids native requests are named ``<program>#<turn>`` (SGLang's ``rid``) so the server's
@@ -127,6 +128,12 @@ def _program_rng(seed: int, program_id: str) -> random.Random:
     return random.Random(program_seed(seed, program_id))
 
 
+def shared_prompt_key(program: Program, turn: int) -> Optional[str]:
+    """The key whose generator draws ``turn``'s appended ids when it is not the program's own:
+    a group's first prompt is the group's (``program_seed(seed, key)``), the same for every sample."""
+    return f"group:{program.group}" if turn == 0 and program.group is not None else None
+
+
 # what a client tells the server about a turn's program: everything (program id, last step, tool, in
 # ``custom_params`` and ``session_id``), only SGLang's routing key (what smg and the OpenAI endpoints
 # carry: an agent that changes nothing behind a router), or nothing (the program is inferred)
@@ -148,6 +155,7 @@ class Replayer:
         on_turn: Optional[Callable[[TurnRecord], None]] = None,
         metrics_urls: Optional[list[str]] = None,
         scrape_at: tuple[float, ...] = (60.0,),
+        temperature: float = 0.0,
     ) -> None:
         if api not in ("sglang", "openai"):
             raise ValueError("api must be 'sglang' or 'openai'")
@@ -165,6 +173,7 @@ class Replayer:
         self.on_turn = on_turn
         self.metrics_urls = metrics_urls  # the workers behind a router (default: ``url`` itself)
         self.scrape_at = tuple(sorted(scrape_at))  # also scrape /metrics this many seconds in
+        self.temperature = temperature  # > 0: samples of one prompt diverge (a rollout), lengths still forced
         self.t0 = 0.0
 
     def _now(self) -> float:
@@ -178,7 +187,11 @@ class Replayer:
         if self.api == "sglang":
             body = {
                 "input_ids": ids,
-                "sampling_params": {"max_new_tokens": turn.output_tokens, "ignore_eos": True, "temperature": 0.0},
+                "sampling_params": {
+                    "max_new_tokens": turn.output_tokens,
+                    "ignore_eos": True,
+                    "temperature": self.temperature,
+                },
                 "stream": True,
             }
             if self.send_program_id:
@@ -194,7 +207,7 @@ class Replayer:
             "prompt": ids,
             "max_tokens": turn.output_tokens,
             "ignore_eos": True,
-            "temperature": 0.0,
+            "temperature": self.temperature,
             "stream": True,
             "stream_options": {"include_usage": True},
         }
@@ -246,7 +259,9 @@ class Replayer:
         rng = _program_rng(self.seed, program.program_id)
         context: list[int] = []
         for i, turn in enumerate(program.turns):
-            context += [rng.randrange(5, self.vocab) for _ in range(turn.append_tokens)]
+            key = shared_prompt_key(program, i)
+            draw = rng if key is None else _program_rng(self.seed, key)
+            context += [draw.randrange(5, self.vocab) for _ in range(turn.append_tokens)]
             t = TurnRecord(program.program_id, i, send=self._now())
             if i == 0:
                 rec.start = t.send  # JCT: first request sent to last response
@@ -273,12 +288,23 @@ class Replayer:
             except httpx.HTTPError:
                 pass  # the session ends with its radix references anyway when the server stops
 
-    async def run(self, programs: list[Program], jps: float) -> ReplayResult:
+    async def run(self, programs: list[Program], jps: float, until: Optional[float] = None) -> ReplayResult:
+        """Programs arrive at ``jps`` (0: all at once); returns when every one has finished, or at
+        ``until`` seconds in: then every turn still in flight is cancelled and left unfinished."""
         arrivals = arrival_times(len(programs), jps, self.seed)
         records = [ProgramRecord(p.program_id, a) for p, a in zip(programs, arrivals)]
 
         async def drive(client: httpx.AsyncClient) -> None:
-            await asyncio.gather(*(self._program(client, p, r) for p, r in zip(programs, records)))
+            if until is None:
+                await asyncio.gather(*(self._program(client, p, r) for p, r in zip(programs, records)))
+                return
+            tasks = [asyncio.create_task(self._program(client, p, r)) for p, r in zip(programs, records)]
+            done, pending = await asyncio.wait(tasks, timeout=until)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            for task in done:
+                task.result()  # a client error is raised, as without a limit
 
         return await self._measured(len(programs), drive, records)
 

@@ -29,6 +29,10 @@ it attributed each request to (its ``event_log``); the report scores it against 
 sessions in flight for ``--window-s`` after ``--warmup-s``, gaps raw or capped (``--max-gap-s``);
 figures per window (throughput, TTFT, cache by tier), not per program; on real servers or emulated.
 
+``--rollout 32x8`` measures an RL rollout step (``cli/bench_rollout.py``): per seed, 32 prompts x 8
+samples (a prompt's samples share it token for token, then diverge) released at once, the step
+over when the last program ends (or at ``--rollout-limit-s``); makespan and JCT per policy.
+
 ``--emulate PROFILE`` runs the same grid without a server: SGLang's real scheduler, radix cache
 and this plugin in virtual time, the forward replaced by the profile's step latencies
 (``lab/continuum_lab/emulator``). Each run is a fresh process (``--jobs`` at once); the KV pool is
@@ -40,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import sys
 import time
@@ -63,6 +66,15 @@ from continuum_lab.bench.policies import (
 from continuum_lab.bench.replay import IDENTITIES, Replayer, ReplayResult
 from continuum_lab.bench.report import emulated_loops, markdown_table, plots, summarize
 from continuum_lab.bench.seeds import aggregate, collapsed_flags, headline, run_order, seeds_table
+from continuum_lab.cli.bench_rollout import (
+    add_rollout_arguments,
+    check_rollout_arguments,
+    rollout_programs,
+    run_rollout,
+)
+from continuum_lab.cli.emulated_runs import attribution_path as _attribution_path
+from continuum_lab.cli.emulated_runs import emulated_runs as _emulated_runs
+from continuum_lab.cli.emulated_runs import event_log_path as _event_log_path
 from continuum_lab.harness.fleet import ROUTER_ARGS, ROUTER_POLICIES, Fleet, fleet_summary, worker_table
 from continuum_lab.harness.server import GPU_SHIM_ENV, GPU_SHIM_FLAGS, SGLangServer, cpu_split, on_cores, tree_cores
 from continuum_lab.workloads.schema import load_workload
@@ -70,7 +82,7 @@ from continuum_lab.workloads.schema import load_workload
 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="continuum-bench", description=__doc__.splitlines()[0])
-    ap.add_argument("--workload", type=Path, required=True)
+    ap.add_argument("--workload", type=Path, help="the programs, JSONL (required unless --rollout)")
     ap.add_argument("--model", help="model path for the servers this tool starts")
     ap.add_argument("--url", help="replay against this running server instead (no server is started)")
     ap.add_argument("--policies", default="fcfs,lpm,continuum-ref,continuum")
@@ -136,8 +148,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--window-s", type=float, default=3600.0, help="sessions: the measured window (virtual s)")
     ap.add_argument("--warmup-s", type=float, default=600.0, help="sessions: not measured, before the window")
     ap.add_argument("--max-gap-s", type=float, default=None, help="sessions: cap tool/think gaps (raw if unset)")
+    add_rollout_arguments(ap)
     ap.add_argument("--out", type=Path, default=Path("out/bench"))
     args = ap.parse_args(argv)
+    check_rollout_arguments(ap, args)
     if args.sessions and (args.url or args.workers > 1):
         ap.error("--sessions starts one server (or emulates one) per run: it excludes --url and --workers")
     if args.emulate and args.url:
@@ -145,7 +159,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.workers > 1 and (args.emulate or args.url):
         ap.error("--workers starts servers: it excludes --emulate and --url")
 
-    programs = load_workload(args.workload)
+    seeds = [int(x) for x in args.seeds.split(",") if x.strip()] or [args.seed]
+    programs = rollout_programs(args, seeds[0]) if args.rollout else load_workload(args.workload)
     if args.programs:
         programs = programs[: args.programs]
     try:
@@ -182,13 +197,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         *shlex.split(args.server_args),
     ]
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.rollout:
+        return run_rollout(args, policies, seeds, pool, common, extra_env, latency, _command(argv))
     total_turns = sum(len(p.turns) for p in programs)
     print(
         f"workload {args.workload}: {len(programs)} programs, {total_turns} turns; KV pool {pool} tokens "
         f"({pool_regime(programs, pool)})"
     )
 
-    seeds = [int(x) for x in args.seeds.split(",") if x.strip()] or [args.seed]
     server_cpus, client_cpus = cpu_split(not args.no_pin_cpus and not args.emulate)
     try:
         auto = load and AutoLoad(
@@ -449,20 +465,6 @@ def fleet_section(runs: list[dict]) -> list[str]:
     return [*lines, ""]
 
 
-def _event_log_path(args, policy: str, label: str, seed: int, repeat: int) -> Path:
-    """Where the run's server writes its event log (admissions; attributions with ``--no-ids``);
-    ``label``: the load as file names give it (``5``, or ``auto`` with --jps auto)."""
-    folder = args.out / ("runs" if args.emulate else "")
-    return folder / f"events-{policy}-{label}-s{seed}-r{repeat}.jsonl"
-
-
-def _attribution_path(args, policy: str, label: str, seed: int, repeat: int) -> Optional[Path]:
-    """The event log the run's attributions are read from (``--no-ids`` on a continuum policy)."""
-    if args.identity != "none" or not policy.startswith("continuum") or args.url:
-        return None
-    return _event_log_path(args, policy, label, seed, repeat)
-
-
 def _attribution(args, result: ReplayResult, log: Optional[Path]) -> dict:
     if log is None:
         return {}
@@ -529,60 +531,6 @@ def emulated_pool(latency) -> int:
         return latency.kv_pool_tokens()
     except ValueError:
         return 0
-
-
-def _emulated_runs(grid, args, pool: int, extra_env: dict):
-    """Each grid cell in its own ``emulator.run`` process, ``--jobs`` at a time; yields the runs in
-    grid order. The processes are forked from one server that imported SGLang once
-    (``emulator/preload.py``), with the bench's SGLang environment already in force there."""
-    import multiprocessing
-    from concurrent.futures import ThreadPoolExecutor
-
-    from continuum_lab.emulator.run import main_logged
-    from sglang_continuum.core.settings import ENV_PREFIX
-
-    # a run applies its SGLang variables before importing SGLang; forked runs import nothing, so
-    # the server that imports it for them gets them first (the plugin's are each run's own)
-    os.environ.update({k: v for k, v in extra_env.items() if not k.startswith(ENV_PREFIX)})
-    forks = multiprocessing.get_context("forkserver")
-    forks.set_forkserver_preload(["continuum_lab.emulator.preload"])
-
-    def one(cell) -> dict:
-        repeat, seed, jps, policy = cell  # with --sessions, ``jps`` is the session count
-        load = f"n{jps:g}" if args.sessions else f"{jps:g}"
-        out = args.out / "runs" / f"{policy}-{load}-s{seed}-r{repeat}.json"
-        cmd = [
-            "--workload", str(getattr(args, "run_workload", None) or args.workload), "--policy", policy, "--profile", str(args.emulate),
-            "--jps", str(jps), "--seed", str(seed), "--max-total-tokens", str(pool),
-            "--programs", str(args.programs), "--vocab", str(min(args.vocab, 1000)),
-            "--server-args", args.server_args, "--out", str(out),
-            *(f"--env={k}={v}" for k, v in extra_env.items()),
-        ]  # fmt: skip
-        if args.sessions:
-            cmd[cmd.index("--jps") : cmd.index("--jps") + 2] = ["--jps", "0", "--sessions", str(int(jps))]
-            cmd += ["--window-s", str(args.window_s), "--warmup-s", str(args.warmup_s)]
-            cmd += [] if args.max_gap_s is None else ["--max-gap-s", str(args.max_gap_s)]
-        log_path = _attribution_path(args, policy, f"{jps:g}", seed, repeat)
-        cmd.append(f"--identity={args.identity}")
-        if log_path is not None:
-            if not (args.reuse_runs and out.is_file()):
-                log_path.unlink(missing_ok=True)
-            cmd.append(f"--env=SGLANG_CONTINUUM_EVENT_LOG={log_path.resolve()}")
-        if args.reuse_runs and out.is_file():
-            return json.loads(out.read_text())
-        log = out.with_suffix(".log")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        child = forks.Process(target=main_logged, args=(cmd, str(log), os.getpid()), name=f"emulate {policy} s{seed}")
-        child.start()
-        child.join()
-        rc = child.exitcode
-        if rc != 0:
-            tail = log.read_text()[-2000:]
-            raise RuntimeError(f"emulated run {policy} seed {seed} @ {load} failed (rc {rc}); log {log}:\n{tail}")
-        return json.loads(out.read_text())
-
-    with ThreadPoolExecutor(max(1, args.jobs)) as pool_:
-        yield from pool_.map(one, grid)
 
 
 def _run(replayer: Replayer, programs, jps: float, desc: str, total_turns: int, cpus: Optional[set[int]] = None):

@@ -1,12 +1,13 @@
 """Closed-loop agent driver in virtual time: the replay client's contract, without a server.
 
-Programs arrive as the same seeded Poisson process as ``bench/replay.py`` (``arrival_times``),
-or (``run_sessions``, the field's protocol in ``bench/sessions.py``) N sessions stay in flight for
-a fixed window, a finished one replaced at once by the next. A program sends its first turn on
-arrival; each later turn is sent when the previous one finished plus that turn's tool duration;
-the last turn carries ``is_last_step``. Between sends the
-real scheduler steps, and every step moves the virtual clock by the profile's latency for the
-batch it ran. Nothing reads wall time, so the same inputs give the same records.
+Programs arrive as the same seeded Poisson process as ``bench/replay.py`` (``arrival_times``; at
+rate 0 all at once: an RL rollout step, ``continuum-bench --rollout``), or (``run_sessions``, the
+field's protocol in ``bench/sessions.py``) N sessions stay in flight for a fixed window, a
+finished one replaced at once by the next. A program sends its first turn on arrival; each later
+turn is sent when the previous one finished plus that turn's tool duration; the last turn carries
+``is_last_step``. Between sends the real scheduler steps, and every step moves the virtual clock
+by the profile's latency for the batch it ran. Nothing reads wall time, so the same inputs give
+the same records.
 
 Records are the replay client's (``TurnRecord``/``ProgramRecord``/``ReplayResult``), so the bench's
 reports and plots read emulated runs unchanged. ``queue_time_s`` is the time from send to the
@@ -20,7 +21,15 @@ from typing import Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
-from continuum_lab.bench.replay import IDENTITIES, ProgramRecord, ReplayResult, TurnRecord, arrival_times, program_seed
+from continuum_lab.bench.replay import (
+    IDENTITIES,
+    ProgramRecord,
+    ReplayResult,
+    TurnRecord,
+    arrival_times,
+    program_seed,
+    shared_prompt_key,
+)
 from continuum_lab.emulator import sglang_engine as engine
 from continuum_lab.emulator.step_model import StepLatencyModel
 from continuum_lab.harness import inprocess as loop  # SGLang's scheduler loop, step by step
@@ -103,7 +112,9 @@ class ClosedLoopDriver:
     def _send(self, program: _Program, at: float) -> None:
         spec, i = program.spec, program.next_turn
         turn = spec.turns[i]
-        program.context.extend(program.rng.integers(5, self.vocab, turn.append_tokens).tolist())
+        key = shared_prompt_key(spec, i)  # a rollout group's first prompt: the group's ids
+        draw = program.rng if key is None else _token_rng(self.seed, key)
+        program.context.extend(draw.integers(5, self.vocab, turn.append_tokens).tolist())
         rec = TurnRecord(spec.program_id, i, send=at, prompt_tokens=len(program.context))
         if i == 0:
             program.record.start = at
@@ -175,13 +186,17 @@ class ClosedLoopDriver:
         return out
 
     # -- the loop -------------------------------------------------------------------------
-    def run(self, programs: list[Program], jps: float) -> ReplayResult:
-        """Programs arrive as a Poisson process; returns when every one has finished."""
+    def run(self, programs: list[Program], jps: float, until: Optional[float] = None) -> ReplayResult:
+        """Programs arrive as a Poisson process (``jps`` 0: all at once); returns when every one
+        has finished, or once the clock passes ``until`` seconds (turns then in flight are left
+        unfinished, as ``run_sessions`` leaves them)."""
         for p, a in zip(programs, arrival_times(len(programs), jps, self.seed)):
             self._start(p, a)
         start = self.clock()
-        self._loop(start, until=None)
-        if self._inflight:
+        self._loop(start, until=None if until is None else start + until)
+        if self._inflight or self._events:
+            if until is not None:
+                return ReplayResult([p.record for p in self._states], self.clock() - start)
             raise SchedulerWedged(f"{len(self._inflight)} requests never finished")
         # one idle iteration after the last turn, as a server has (metrics, self-check)
         assert loop.select_batch(self.s) is None, "an idle scheduler selected a batch"

@@ -41,9 +41,11 @@ def emulate(
     identity: str = "ids",
     marks: tuple[float, ...] = (60.0,),
     sessions=None,
+    until_s: Optional[float] = None,
 ) -> dict:
     """One run. ``sessions`` (a ``bench.sessions.SessionsProtocol``): N sessions in flight for a
-    fixed window instead of Poisson arrivals at ``jps``; the run's JSON then has ``sessions``."""
+    fixed window instead of Poisson arrivals at ``jps``; the run's JSON then has ``sessions``.
+    ``until_s``: stop there, programs unfinished or not (an RL rollout step's time limit)."""
     from continuum_lab.bench.events import read_admission_log, summarize_admissions
     from continuum_lab.bench.policies import parse_policy, policy_named, tlru_config
     from continuum_lab.workloads.schema import load_workload
@@ -128,7 +130,7 @@ def emulate(
                 on_mark=on_mark,
             )
             if sessions is None:
-                result = driver.run(programs, jps)
+                result = driver.run(programs, jps, until=until_s)
             else:
                 from continuum_lab.bench.sessions import session_programs
 
@@ -157,6 +159,7 @@ def emulate(
         "policy": policy,
         "seed": seed,
         "jps": jps,
+        "until_s": until_s,
         "sessions": window,
         "replay": result.to_dict(),
         "metrics_after": generate_latest(REGISTRY).decode(),
@@ -236,6 +239,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--window-s", type=float, default=3600.0)
     ap.add_argument("--warmup-s", type=float, default=600.0)
     ap.add_argument("--max-gap-s", type=float, default=None, help="cap tool/think gaps (sessions)")
+    ap.add_argument("--until-s", type=float, default=None, help="stop there, every program finished or not")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     protocol = None
@@ -257,6 +261,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         progress=args.progress,
         identity=args.identity,
         sessions=protocol,
+        until_s=args.until_s,
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_bytes(orjson.dumps(run))

@@ -10,8 +10,10 @@ The emulator runs SGLang 0.5.23's real ``Scheduler`` in this process: its waitin
   is real while its tensors are tiny.
 * **The forward.** ``model_worker.forward_batch_generation`` (the one call between the scheduler
   and the model) is swapped, on this scheduler instance only, for a function that computes
-  nothing and returns one sampled token per request (:data:`OUTPUT_TOKEN`). What the step would
-  have cost on the profiled GPU is read off the batch by :func:`describe_batch`.
+  nothing and returns one sampled token per request (:func:`output_token`: the same for every
+  step of a request, different between requests, so that two samples of one prompt diverge at
+  their first output as sampled ones do). What the step would have cost on the profiled GPU is
+  read off the batch by :func:`describe_batch`.
 
 Building, submitting and the scheduler loop's steps (select, launch, process, in the order of
 SGLang's overlap or serial loop) are the in-process harness the tier-2 tests use
@@ -24,14 +26,15 @@ from __future__ import annotations
 
 import json
 import shlex
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from continuum_lab.harness.inprocess import construct_scheduler, submit_request
 
-OUTPUT_TOKEN = 7  # every emulated output token (never EOS: the accounting model's EOS is 2)
 ACCOUNTING_VOCAB = 1024
+OUTPUT_TOKENS = range(8, ACCOUNTING_VOCAB)  # emulated output tokens (never EOS: the accounting model's EOS is 2)
 ACCOUNTING_MAX_POSITIONS = 1 << 20
 ACCOUNTING_KV_BYTES_PER_TOKEN = 1 * 2 * 1 * 8 * 2  # layers x (K, V) x KV heads x head dim x bf16 (dtype auto)
 
@@ -105,6 +108,11 @@ def build_scheduler(server_args):
     return scheduler
 
 
+def output_token(rid: str) -> int:
+    """Every token request ``rid`` generates: one per request, stable across runs and processes."""
+    return OUTPUT_TOKENS[zlib.crc32(rid.encode()) % len(OUTPUT_TOKENS)]
+
+
 def _replace_forward(scheduler) -> None:
     import torch
     from sglang.srt.managers.utils import GenerationBatchResult
@@ -112,7 +120,7 @@ def _replace_forward(scheduler) -> None:
     def forward_batch_generation(batch, *args, **kwargs):
         return GenerationBatchResult(
             logits_output=None,
-            next_token_ids=torch.full((len(batch.reqs),), OUTPUT_TOKEN, dtype=torch.int64),
+            next_token_ids=torch.tensor([output_token(r.rid) for r in batch.reqs], dtype=torch.int64),
             can_run_cuda_graph=False,
         )
 

@@ -11,6 +11,9 @@
 * ``tool`` / ``tool_duration_s``: the tool the turn's output calls and how long it runs before
   the next turn is sent. The last turn calls no tool (``null`` / 0).
 * ``text`` (optional): the real text appended, when the workload was imported with it.
+* ``group`` (optional, per program): programs of one group send the same first prompt, token for
+  token (an RL rollout's samples of one prompt, ``workloads/rollout.py``); their first turns must
+  append as many tokens. Every other token a program sends is its own.
 
 A program's context at turn i is every earlier turn's append + output plus this turn's append.
 """
@@ -39,6 +42,7 @@ class Program(BaseModel):
 
     program_id: str = Field(min_length=1)
     turns: list[Turn] = Field(min_length=1)
+    group: Optional[str] = Field(None, min_length=1)  # shares its first prompt with the group's programs
 
     @model_validator(mode="after")
     def _last_turn_calls_no_tool(self) -> "Program":
@@ -78,6 +82,7 @@ def _problem(exc: ValidationError) -> str:
 def parse_workload(lines: Iterable[str | bytes], source: str = "<workload>") -> list[Program]:
     programs: list[Program] = []
     seen: set[str] = set()
+    prompts: dict[str, int] = {}  # group -> its first turn's appended tokens
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -92,6 +97,13 @@ def parse_workload(lines: Iterable[str | bytes], source: str = "<workload>") -> 
         if program.program_id in seen:
             raise WorkloadError(f"{source}:{lineno}: duplicate program_id {program.program_id!r}")
         seen.add(program.program_id)
+        if program.group is not None:
+            first = prompts.setdefault(program.group, program.turns[0].append_tokens)
+            if first != program.turns[0].append_tokens:
+                raise WorkloadError(
+                    f"{source}:{lineno}: group {program.group!r} shares one first prompt of {first} tokens, "
+                    f"not {program.turns[0].append_tokens}"
+                )
         programs.append(program)
     if not programs:
         raise WorkloadError(f"{source}: no programs")
