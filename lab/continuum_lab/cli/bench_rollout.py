@@ -23,6 +23,7 @@ from continuum_lab.bench.policies import parse_policy, tlru_config
 from continuum_lab.bench.replay import Replayer, ReplayResult
 from continuum_lab.bench.report import emulated_loops
 from continuum_lab.bench.seeds import run_order
+from continuum_lab.cli.emulated_runs import emulator_figures
 from continuum_lab.harness.server import SGLangServer, cpu_split, on_cores
 from continuum_lab.workloads.generate import SPECS, summary
 from continuum_lab.workloads.rollout import parse_shape, rollout_step
@@ -146,8 +147,7 @@ def run_rollout(args, policies, seeds, pool: int, server_args: list[str], env: d
             "figures": rollout_report.step_figures(ReplayResult.from_dict(run["replay"])),
         }
         if "emulator" in run:
-            keys = ("steps", "busy_s", "host_transfers", "run_s", "overlap")
-            record["emulator"] = {k: run["emulator"].get(k) for k in keys}
+            record["emulator"] = emulator_figures(run)
         records.append(record)
         f = record["figures"]
         print(

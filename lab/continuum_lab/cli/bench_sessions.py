@@ -13,6 +13,7 @@ from continuum_lab.bench.policies import parse_policy
 from continuum_lab.bench.replay import Replayer, ReplayResult
 from continuum_lab.bench.report import emulated_loops
 from continuum_lab.bench.sessions import SessionsProtocol, session_programs, window_figures
+from continuum_lab.cli.emulated_runs import emulator_figures
 from continuum_lab.harness.server import SGLangServer, on_cores
 
 LOADED = "sglang:load_back_tokens_total"  # SGLang's own count of tokens HiCache loaded back
@@ -75,8 +76,7 @@ def run_grid(runs: Iterable[dict], args, programs, pool: int, profile: Optional[
             "protocol": window["protocol"],
         }
         if "emulator" in run:
-            keys = ("steps", "busy_s", "host_transfers", "run_s", "overlap")
-            record["emulator"] = {k: run["emulator"].get(k) for k in keys}
+            record["emulator"] = emulator_figures(run)
         records.append(record)
         f = record["figures"]
         print(

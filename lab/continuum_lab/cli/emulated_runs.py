@@ -81,3 +81,11 @@ def emulated_runs(grid, args, pool: int, extra_env: dict, workloads: Optional[di
 
     with ThreadPoolExecutor(max(1, args.jobs)) as pool_:
         yield from pool_.map(one, grid)
+
+
+EMULATOR_FIGURES = ("steps", "busy_s", "host_transfers", "run_s", "overlap")
+
+
+def emulator_figures(run: dict) -> dict:
+    """What a grid's record keeps of an emulated run's own figures."""
+    return {k: run["emulator"].get(k) for k in EMULATOR_FIGURES}
