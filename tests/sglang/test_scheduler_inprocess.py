@@ -67,6 +67,11 @@ def drain_pins(driver):
         cache.end_program(pin.program_id)
 
 
+def sized_by_todays_contexts(monkeypatch, controller):
+    """The door weighs today's contexts: the programs this module ended set no expected growth."""
+    monkeypatch.setattr(type(controller.door.working_set), "expected_final_context", property(lambda self: 0))
+
+
 def test_plugin_objects_are_installed(driver):
     from sglang_continuum.adapter.radix_cache import ContinuumRadixCache
     from sglang_continuum.adapter.schedule_policy import ContinuumSchedulePolicy
@@ -540,7 +545,7 @@ def test_admission_control_keeps_no_room_for_a_program_the_cost_model_let_go(dri
     cache.check_integrity()
 
 
-def test_one_prefill_selection_does_not_let_a_wave_of_new_programs_past_the_door(driver):
+def test_one_prefill_selection_does_not_let_a_wave_of_new_programs_past_the_door(driver, monkeypatch):
     """A pinned program (~400 tokens) is out on a tool and counted in the working set; two new
     programs' first turns (350 each) wait together while a decode runs. Either fits the 1,024-token
     pool beside the program in flight, both do not. SGLang's own budget could take both, and the
@@ -550,30 +555,25 @@ def test_one_prefill_selection_does_not_let_a_wave_of_new_programs_past_the_door
     drain_pins(driver)
     cache = driver.s.tree_cache
     controller = cache.controller
-    mp = pytest.MonkeyPatch()
-    # sized by today's contexts: the programs this module ended set no expected growth here
-    mp.setattr(type(controller.door.working_set), "expected_final_context", property(lambda self: 0))
-    try:
-        driver.submit(tokens(rng, 400), max_new_tokens=4, custom_params=meta("wave-old", "fast"))
-        driver.run_until_idle()
-        assert "wave-old" in controller.pins and controller.door.working_set.reserved_tokens() >= 400
-        x = driver.submit(tokens(rng, 20), max_new_tokens=200)  # a decode: holding back would not idle
-        driver.step()
-        first = driver.submit(tokens(rng, 350), max_new_tokens=4, custom_params=meta("wave-1"))
-        second = driver.submit(tokens(rng, 350), max_new_tokens=4, custom_params=meta("wave-2"))
-        driver.step()
-        assert first in driver.admitted and second not in driver.admitted
-        assert get_tag(driver.req(second)).held_back
-        driver.run_until_idle()
-        assert driver.req(second).finished() and driver.req(x).finished()
-        for p in ("wave-old", "wave-1", "wave-2"):
-            cache.end_program(p)  # the next test starts from an empty working set
-        cache.check_integrity()
-    finally:
-        mp.undo()
+    sized_by_todays_contexts(monkeypatch, controller)
+    driver.submit(tokens(rng, 400), max_new_tokens=4, custom_params=meta("wave-old", "fast"))
+    driver.run_until_idle()
+    assert "wave-old" in controller.pins and controller.door.working_set.reserved_tokens() >= 400
+    x = driver.submit(tokens(rng, 20), max_new_tokens=200)  # a decode: holding back would not idle
+    driver.step()
+    first = driver.submit(tokens(rng, 350), max_new_tokens=4, custom_params=meta("wave-1"))
+    second = driver.submit(tokens(rng, 350), max_new_tokens=4, custom_params=meta("wave-2"))
+    driver.step()
+    assert first in driver.admitted and second not in driver.admitted
+    assert get_tag(driver.req(second)).held_back
+    driver.run_until_idle()
+    assert driver.req(second).finished() and driver.req(x).finished()
+    for p in ("wave-old", "wave-1", "wave-2"):
+        cache.end_program(p)  # the next test starts from an empty working set
+    cache.check_integrity()
 
 
-def test_a_return_whose_context_was_evicted_is_paused_while_a_resident_program_fills_the_pool(driver):
+def test_a_return_whose_context_was_evicted_is_paused_while_a_resident_program_fills_the_pool(driver, monkeypatch):
     """Residency without a host tier: a program out on a slow tool (never pinned) loses its context
     to the pool's LRU; its next turn returns while a resident program's pin and a decode fill the
     pool. The door pauses it at its turn boundary (held like a first turn, before SGLang's own
@@ -583,34 +583,30 @@ def test_a_return_whose_context_was_evicted_is_paused_while_a_resident_program_f
     drain_pins(driver)
     cache = driver.s.tree_cache
     controller = cache.controller
-    mp = pytest.MonkeyPatch()
-    mp.setattr(type(controller.door.working_set), "expected_final_context", property(lambda self: 0))
-    try:
-        driver.submit(tokens(rng, 560), max_new_tokens=4, custom_params=meta("res-old", "fast"))
-        driver.run_until_idle()
-        assert "res-old" in controller.pins
-        first = tokens(rng, 300)
-        driver.submit(first, max_new_tokens=4, custom_params=meta("res-back", "slow"))
-        driver.run_until_idle()
-        assert "res-back" not in controller.pins and "res-back" not in controller.door.working_set
-        driver.submit(tokens(rng, 450), max_new_tokens=4)  # no id: a filler that evicts res-back's context
-        driver.run_until_idle()
-        paused_before = controller.admission.paused
-        x = driver.submit(tokens(rng, 20), max_new_tokens=200)  # a decode: holding back would not idle
+    sized_by_todays_contexts(monkeypatch, controller)
+    driver.submit(tokens(rng, 560), max_new_tokens=4, custom_params=meta("res-old", "fast"))
+    driver.run_until_idle()
+    assert "res-old" in controller.pins
+    first = tokens(rng, 300)
+    driver.submit(first, max_new_tokens=4, custom_params=meta("res-back", "slow"))
+    driver.run_until_idle()
+    assert "res-back" not in controller.pins and "res-back" not in controller.door.working_set
+    driver.submit(tokens(rng, 450), max_new_tokens=4)  # no id: a filler that evicts res-back's context
+    driver.run_until_idle()
+    paused_before = controller.admission.paused
+    x = driver.submit(tokens(rng, 20), max_new_tokens=200)  # a decode: holding back would not idle
+    driver.step()
+    back = driver.submit(first + tokens(rng, 200), max_new_tokens=4, custom_params=meta("res-back", "slow"))
+    for _ in range(3):
         driver.step()
-        back = driver.submit(first + tokens(rng, 200), max_new_tokens=4, custom_params=meta("res-back", "slow"))
-        for _ in range(3):
-            driver.step()
-        tag = get_tag(driver.req(back))
-        assert tag.context_gone and tag.held_back and back not in driver.admitted
-        assert controller.admission.paused == paused_before + 1
-        cache.end_program("res-old")  # the resident program leaves: room
-        for _ in range(3):
-            driver.step()
-        assert back in driver.admitted
-        driver.run_until_idle()
-        assert driver.req(back).finished() and driver.req(x).finished()
-        cache.end_program("res-back")
-        cache.check_integrity()
-    finally:
-        mp.undo()
+    tag = get_tag(driver.req(back))
+    assert tag.context_gone and tag.held_back and back not in driver.admitted
+    assert controller.admission.paused == paused_before + 1
+    cache.end_program("res-old")  # the resident program leaves: room
+    for _ in range(3):
+        driver.step()
+    assert back in driver.admitted
+    driver.run_until_idle()
+    assert driver.req(back).finished() and driver.req(x).finished()
+    cache.end_program("res-back")
+    cache.check_integrity()
