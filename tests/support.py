@@ -33,12 +33,17 @@ class FixedTTL(TTLModel):
 
     name = "fixed"
 
-    def __init__(self, settings, stats, *, ttl_s: float = 2.0, host_ttl_s: float = 60.0) -> None:
+    def __init__(
+        self, settings, stats, *, ttl_s: float = 2.0, host_ttl_s: float = 60.0, rebuild_s: float = 0.0
+    ) -> None:
         super().__init__(settings, stats)
-        self.ttl_s, self.host_ttl_s = ttl_s, host_ttl_s
+        self.ttl_s, self.host_ttl_s, self.rebuild_seconds = ttl_s, host_ttl_s, rebuild_s
 
     def ttl(self, query: TTLQuery) -> float:
         return self.ttl_s
+
+    def rebuild_s(self, context_tokens: int) -> float:
+        return self.rebuild_seconds
 
     def host_ttl(self, query: TTLQuery, elapsed_s: float) -> float:
         return min(self.host_ttl_s, self.max_host_ttl_s)
@@ -49,7 +54,9 @@ def request_fcfs(w: Waiting) -> QueueKey:
     return (RETRACTED if w.retracted else WAITING, w.request_rank, 0)
 
 
-def rules(ttl_model: Model = "fixed", *, fixed_ttl_s: float = 2.0, host_ttl_s: float = 60.0, **kw) -> Rules:
+def rules(
+    ttl_model: Model = "fixed", *, fixed_ttl_s: float = 2.0, host_ttl_s: float = 60.0, rebuild_s: float = 0.0, **kw
+) -> Rules:
     """A ``Rules`` with the named TTL model ("fixed": ``FixedTTL``; "cost": the product's), or
     with a factory of one; ``kw``: ``Timings`` fields, ``order``, the model's parameters (the cost
     model's ``cold_start_k``, a factory's keyword arguments)."""
@@ -58,7 +65,10 @@ def rules(ttl_model: Model = "fixed", *, fixed_ttl_s: float = 2.0, host_ttl_s: f
     if callable(ttl_model):
         factory, name = partial(ttl_model, **kw), getattr(ttl_model, "name", "model")
     elif ttl_model == "fixed":
-        factory, name = partial(FixedTTL, ttl_s=fixed_ttl_s, host_ttl_s=host_ttl_s, **kw), ttl_model
+        factory, name = (
+            partial(FixedTTL, ttl_s=fixed_ttl_s, host_ttl_s=host_ttl_s, rebuild_s=rebuild_s, **kw),
+            ttl_model,
+        )
     elif ttl_model == "cost":
         factory, name = partial(CostModelTTL, **kw), ttl_model
     else:
@@ -68,13 +78,17 @@ def rules(ttl_model: Model = "fixed", *, fixed_ttl_s: float = 2.0, host_ttl_s: f
 
 
 def controller(
-    ttl_model: Model = "fixed", *, budget: int = 10_000, clock: Optional[ManualClock] = None, **kw
+    ttl_model: Model = "fixed", *, budget: int = 10_000, ceiling: int = 0, clock: Optional[ManualClock] = None, **kw
 ) -> tuple[ContinuumController, ManualClock]:
-    """A controller on a manual clock; ``kw``: settings fields, or what ``rules`` takes."""
+    """A controller on a manual clock (``budget``, ``ceiling``: its pins'); ``kw``: settings
+    fields, or what ``rules`` takes."""
     fields = set(ContinuumSettings.model_fields)
     settings = ContinuumSettings(**{k: kw.pop(k) for k in list(kw) if k in fields})
     clock = clock or ManualClock()
-    return ContinuumController(settings, clock=clock, budget_tokens=budget, rules=rules(ttl_model, **kw)), clock
+    made = ContinuumController(
+        settings, clock=clock, budget_tokens=budget, pin_ceiling_tokens=ceiling, rules=rules(ttl_model, **kw)
+    )
+    return made, clock
 
 
 def variant_rules(name: str, **kwargs) -> str:

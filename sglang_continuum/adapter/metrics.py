@@ -26,6 +26,7 @@ def gauge_values(
         "working_set_tokens": working.tokens,
         "working_set_reserved_tokens": working.reserved_tokens(),
         "expected_final_context_tokens": working.expected_final_context,
+        "growth_reserved": int(working.reserve_growth),
         "return_loss_ratio": controller.bounded.return_loss.ratio,
         "overtake_budget": controller.bounded.budget(),
         "programs_held_back": held_back,

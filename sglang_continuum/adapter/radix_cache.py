@@ -37,6 +37,7 @@ from sglang_continuum.adapter.runtime import ContinuumRuntime
 from sglang_continuum.core.clock import Clock, StepClock, default_clock
 from sglang_continuum.core.controller import ContinuumController
 from sglang_continuum.core.cost_model import PrefillProfile
+from sglang_continuum.core.door import RESIDENT_PIN_SHARE
 from sglang_continuum.core.metadata import MalformedReporter, ProgramMeta
 from sglang_continuum.core.offload import HOST_PIN_BUDGET_FRACTION
 from sglang_continuum.core.pins import Pin, Tier
@@ -80,8 +81,12 @@ class ContinuumRadixCache(UnifiedRadixCache):
         # SGLang builds this class as cache_class(params): the clock comes from the seam
         # (core.clock.use_clock) so tests and the emulator can run the real scheduler on theirs.
         self.step_clock = StepClock(clock or default_clock())
-        budget = int(self.token_to_kv_pool_allocator.size * self.settings.pin_budget_fraction)
-        self.controller = ContinuumController(self.settings, clock=self.step_clock, budget_tokens=budget)
+        pool = self.token_to_kv_pool_allocator.size
+        budget = int(pool * self.settings.pin_budget_fraction)
+        ceiling = int(pool * RESIDENT_PIN_SHARE) if budget else 0  # no pins at all: none resident either
+        self.controller = ContinuumController(
+            self.settings, clock=self.step_clock, budget_tokens=budget, pin_ceiling_tokens=ceiling
+        )
         self.report_malformed = MalformedReporter()
         tp_rank, tp_size = 0, 1
         if params.tp_cache_group is not None:

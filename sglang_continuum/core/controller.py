@@ -58,6 +58,7 @@ class ContinuumController:
         *,
         clock: Clock,
         budget_tokens: int = 0,
+        pin_ceiling_tokens: int = 0,
         rules: Optional[Rules] = None,
     ) -> None:
         self.settings = settings
@@ -66,12 +67,13 @@ class ContinuumController:
         self.timings = self.rules.timings
         self.timings.check(settings.max_ttl_s)
         self.stats = ToolStats()
-        self.door = self.rules.door(settings.admission_control, self.stats)
+        self.ttl_model: TTLModel = self.rules.ttl_model(settings, self.stats)
+        self.door = self.rules.door(settings.admission_control, self.stats, self.ttl_model.rebuild_s)
         self.programs = ProgramRegistry(
             idle_timeout_s=self.timings.program_idle_timeout_s, watcher=self.door.working_set
         )
         self.silence = Silence(self.stats, self.programs)  # programs whose clients announce no ends
-        self.pins = PinTable(budget_tokens)
+        self.pins = PinTable(budget_tokens, ceiling_tokens=pin_ceiling_tokens)  # the ceiling: resident pins
         self.shedding = self.rules.shedding(self.pins, self.programs, self.silence)
         self.bounded = self.rules.wait_bound(settings.max_overtakes)
         self.counters = PinCounters()
@@ -81,7 +83,6 @@ class ContinuumController:
         self.program_counters = ProgramCounters()
         self.identity = IdentityCounters()
         self._terminal_tools = frozenset(settings.terminal_tools)
-        self.ttl_model: TTLModel = self.rules.ttl_model(settings, self.stats)
         self._rank = itertools.count(1)
         # each tool sample recorded here is also handed to this (a StatsExchange's record)
         self.share_sample: Optional[Callable[[str, str, float], None]] = None
@@ -235,23 +236,22 @@ class ContinuumController:
         return out
 
     def _pin(self, out: FinishOutcome, state: ProgramState, tool: str, context_tokens: int, handle, now: float) -> None:
-        """Pin the finished turn's prefix for the TTL model's time, or the door's while it keeps the
-        program resident (``out.pin``; ``out.release``: later programs' pins pushed out of the budget)."""
+        """Pin the finished turn's prefix for the TTL model's time, or the door's while it keeps the program
+        resident, up to the pins' ceiling (``out.pin``; ``out.release``: later programs' pins pushed out)."""
         pid = state.program_id
-        ttl = max(float(self.ttl_model.ttl(TTLQuery(tool, context_tokens))), self.door.resident_ttl(tool, now))
-        ttl = min(ttl, self.settings.max_ttl_s)
-        out.ttl = ttl
+        resident = self.door.resident_ttl(tool, now, context_tokens)
+        out.ttl = ttl = min(max(self.ttl_model.ttl(TTLQuery(tool, context_tokens)), resident), self.settings.max_ttl_s)
         if ttl <= 0:
             logger.debug("continuum: program=%s tool=%s ttl=0; no pin", pid, tool)
             return
         pin = Pin(pid, context_tokens, now + ttl, state.arrival_rank, now, handle=handle)
-        while self.pins.pinned_tokens + context_tokens > self.pins.budget_tokens:
+        while self.pins.pinned_tokens + context_tokens > self.pins.limit(resident > 0):
             stale = self.shedding.stale(now, keep=pid)
             if stale is None:
                 break
             self._count_shed(stale, "stale")  # away past its own pace: it gives the budget up first
             out.release.append(stale)
-        stored, released = self.pins.add(pin)
+        stored, released = self.pins.add(pin, resident=resident > 0)
         if stored:
             self.counters.created += 1
             self.silence.pinned(pin, state)

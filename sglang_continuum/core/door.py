@@ -22,8 +22,13 @@ holding whole programs at the door keeps the ones admitted served.
 
 **Residency** (no host tier): the door and the pin are one decision. While the door is *binding*
 (it held a first turn within ``BINDING_S``), the memory an admitted program keeps through its tool
-call is memory the door would give nobody, so keeping it costs nothing: the program stays resident,
-pinned for the tool's usual time (``resident_ttl``) whatever the TTL model would pay. And a return
+call is memory the door would give nobody: what keeping it costs is the engine's, a place in the
+batch left empty, against the re-prefill its release would cost (``keeping_pays``, priced by the
+TTL model's rebuild cost: the prefill profile). Where keeping pays, the program stays resident,
+pinned for the tool's usual time whatever the TTL model would pay. The same price decides whether
+the working set reserves room for programs to grow to the expected final context: where a
+re-prefill is cheap beside a larger batch (a decode-bound engine), it reserves only what they hold.
+And a return
 that found its context gone, from a program no longer in the working set, is a program the pool
 could not keep: it is *paused* at its turn boundary -- held like a first turn until the working set
 leaves it room, then resumed in the queue order -- rather than re-prefilled into a pool where it
@@ -50,6 +55,9 @@ FINAL_CONTEXT_WINDOW = 64  # ended programs whose final contexts give the expect
 BINDING_S = 5.0  # the door binds for this long after it held a first turn
 RESIDENT_QUANTILE = 0.9  # a resident program's pin lasts this quantile of its tool's times
 RESIDENT_MIN_SAMPLES = 8  # ... known from this many of them (else from every tool's)
+# resident programs' pins may fill this share of the pool (the door keeps their room; the rest is
+# running turns' growth), beyond the pin budget (``pin_budget_fraction``) that other pins keep to
+RESIDENT_PIN_SHARE = 0.9
 
 
 class WorkingSet(RegistryWatcher):
@@ -67,6 +75,7 @@ class WorkingSet(RegistryWatcher):
         # working programs below the expected final context E: [E, count, tokens], kept up to date on
         # every context change and rebuilt (O(working set)) only when E moves, i.e. when a program ends
         self._short: Optional[list[int]] = None
+        self.reserve_growth = True  # count each program at least at the expected final context
 
     def __len__(self) -> int:
         return len(self._working)
@@ -83,11 +92,16 @@ class WorkingSet(RegistryWatcher):
         n = len(self._final_contexts)
         return self._final_sum // n if n else 0
 
+    @property
+    def floor(self) -> int:
+        """What each program counts at least: the expected final context while growth is reserved."""
+        return self.expected_final_context if self.reserve_growth else 0
+
     def reserved_tokens(self) -> int:
-        """What the working set will need: each program in it at least the expected final context,
+        """What the working set will need: each program in it at least the ``floor``,
         ``sum(max(context, E))`` = today's tokens plus the shortfall of those below E (O(1); O(working
         set) once after E moved)."""
-        expected = self.expected_final_context
+        expected = self.floor
         if self._short is None or self._short[0] != expected:
             below = [c for s in self._working.values() if (c := s.context_tokens) < expected]
             self._short = [expected, len(below), sum(below)]
@@ -148,7 +162,7 @@ class WorkingSet(RegistryWatcher):
     def check_integrity(self) -> None:
         assert sum(s.context_tokens for s in self._working.values()) == self.tokens, "working-set token sum"
         assert self._final_sum == sum(self._final_contexts), "final-context sum"
-        expected = self.expected_final_context
+        expected = self.floor
         reserved = sum(max(s.context_tokens, expected) for s in self._working.values())
         assert self.reserved_tokens() == reserved, "reserved tokens out of date"
 
@@ -165,28 +179,71 @@ class WorkingSet(RegistryWatcher):
             self._count_short(state.context_tokens, -1)
 
 
+def _quantile(window, q: float) -> float:
+    ordered = window.sorted
+    return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
+
+
 class Door:
-    def __init__(self, enabled: bool, stats: Optional[ToolStats] = None) -> None:
-        """``stats``: the tools' times, which price how long a resident program is kept."""
+    def __init__(
+        self, enabled: bool, stats: Optional[ToolStats] = None, rebuild_s: Optional[Callable[[int], float]] = None
+    ) -> None:
+        """``stats``: the tools' times, which say how long a resident program is kept;
+        ``rebuild_s``: seconds of engine time to rebuild a context of so many tokens (the TTL
+        model's), which prices keeping it (None: no price, keeping never pays)."""
         self.enabled = enabled
         self.stats = stats
+        self.rebuild_s = rebuild_s
         self.working_set = WorkingSet()
         self.host_tier = False
         self.binding_until = -1.0  # the door held a first turn lately (``BINDING_S``)
+        self.capacity_tokens = 0  # the capacity the adapter last weighed a turn against
 
     def binding(self, now: float) -> bool:
         return now <= self.binding_until
 
-    def resident_ttl(self, tool: str, now: float) -> float:
+    def slots(self) -> float:
+        """``K``: how many programs the pool holds at the expected final context (the programs in
+        the working set before any program has ended)."""
+        expected = self.working_set.expected_final_context
+        if expected > 0 and self.capacity_tokens > 0:
+            return max(1.0, self.capacity_tokens / expected)
+        return float(max(1, len(self.working_set)))
+
+    def keeping_pays(self, context_tokens: int, hold_s: float) -> bool:
+        """Whether keeping ``context_tokens`` of a program out on a tool for ``hold_s`` is worth
+        the engine's time. Kept, its room is a place in the batch nobody takes: for ``hold_s`` the
+        engine runs one program fewer of the ``K`` the pool holds (``slots``), about ``hold_s / K``
+        of its time. Let go, its return re-prefills the context, ``rebuild_s`` of engine time in
+        which none of the ``K`` decodes. Keep iff ``rebuild_s * K >= hold_s``: on a prefill-bound
+        engine (long contexts, cheap decode steps) nearly always; on a decode-bound one, where a
+        re-prefill is cheap beside a larger batch, rarely."""
+        if self.rebuild_s is None:
+            return False
+        return self.rebuild_s(context_tokens) * self.slots() >= hold_s
+
+    def resident_ttl(self, tool: str, now: float, context_tokens: int) -> float:
         """How long to keep a program resident through ``tool`` while the door binds (0: it does
-        not, or no host-less residency): the tool's usual time, since the room costs nobody."""
+        not, or keeping does not pay): the tool's usual time."""
         if not self.enabled or self.host_tier or self.stats is None or not self.binding(now):
             return 0.0
         window, _ = self.stats.window_for(tool, min_samples=RESIDENT_MIN_SAMPLES)
         if len(window) == 0:
             return 0.0
-        ordered = window.sorted
-        return float(ordered[min(len(ordered) - 1, int(RESIDENT_QUANTILE * len(ordered)))])
+        tau = _quantile(window, RESIDENT_QUANTILE)
+        return tau if self.keeping_pays(context_tokens, tau) else 0.0
+
+    def _price_growth(self) -> None:
+        """Reserve room for growth unless the engine says a lost context is cheap: the room a
+        program will grow into, kept through the tools' usual time, against rebuilding a context
+        of that size (no host tier; with one, or before tools and ends are seen, growth is
+        reserved)."""
+        working, stats = self.working_set, self.stats
+        expected = working.expected_final_context
+        if self.host_tier or stats is None or expected == 0 or len(stats.global_samples) < RESIDENT_MIN_SAMPLES:
+            working.reserve_growth = True
+            return
+        working.reserve_growth = self.keeping_pays(expected, _quantile(stats.global_samples, RESIDENT_QUANTILE))
 
     def pauses(self, tag: TurnTag, state: Optional[ProgramState]) -> bool:
         """A return that found its context gone, from a program out of the working set: paused
@@ -240,7 +297,9 @@ class Door:
         working = self.working_set
         if len(working) == 0 and pending_tokens == 0:
             return False
-        demand = working.reserved_tokens() + max(request_tokens, working.expected_final_context)
+        self.capacity_tokens = capacity_tokens
+        self._price_growth()
+        demand = working.reserved_tokens() + max(request_tokens, working.floor)
         held = demand + pending_tokens > capacity_tokens
         if held and first_turn:
             self.binding_until = now + BINDING_S
@@ -251,7 +310,7 @@ class Door:
         without a program, or with the door off)."""
         if not self.enabled or not tag.meta.has_program:
             return 0
-        floor = self.working_set.expected_final_context
+        floor = self.working_set.floor
         return self.working_set.reservation_added(tag.meta.program_id, request_tokens, floor)
 
     def check_integrity(self) -> None:

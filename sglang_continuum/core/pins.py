@@ -40,10 +40,14 @@ CHANGE_LOG = 4096
 class PinTable:
     """Pins keyed by program id; deadline heap and shed heap with lazy deletion."""
 
-    def __init__(self, budget_tokens: int) -> None:
+    def __init__(self, budget_tokens: int, *, ceiling_tokens: Optional[int] = None) -> None:
+        """``budget_tokens``: what pins may hold; ``ceiling_tokens`` (at least the budget): what
+        they may hold with the resident pins among them (``add(resident=True)``), whose room the
+        door already keeps for their programs."""
         if budget_tokens < 0:
             raise ValueError("budget must be >= 0")
         self.budget_tokens = int(budget_tokens)
+        self.ceiling_tokens = max(self.budget_tokens, int(ceiling_tokens or 0))
         self._pins: dict[str, Pin] = {}
         self._by_deadline: list[tuple[float, int, Pin]] = []
         self._by_arrival: list[tuple[int, int, Pin]] = []  # (-arrival_rank, -seq, pin)
@@ -96,10 +100,15 @@ class PinTable:
         return heap[0][2] if heap else None
 
     # -- updates -------------------------------------------------------------------------
-    def add(self, pin: Pin) -> tuple[bool, list[Pin]]:
-        """Insert ``pin``; return (stored, pins the caller must release).
+    def limit(self, resident: bool = False) -> int:
+        """What pins may hold once a pin of this kind is added."""
+        return self.ceiling_tokens if resident else self.budget_tokens
 
-        Released are the program's previous pin (if any) and, when the budget would be exceeded,
+    def add(self, pin: Pin, *, resident: bool = False) -> tuple[bool, list[Pin]]:
+        """Insert ``pin``; return (stored, pins the caller must release). ``resident``: the door
+        keeps the program resident, so the pins may fill the ceiling rather than the budget.
+
+        Released are the program's previous pin (if any) and, when the limit would be exceeded,
         victims taken latest program arrival first among programs that arrived after ``pin``'s.
         Whether that can make room is decided before anything is shed: a pin that cannot be
         stored (larger than the budget, or the budget is held by earlier programs) is refused
@@ -109,10 +118,11 @@ class PinTable:
         old = self.pop(pin.program_id)
         if old is not None:
             released.append(old)
-        if pin.tokens > self.budget_tokens:
+        limit = self.limit(resident)
+        if pin.tokens > limit:
             return False, released
         victims: list[Pin] = []
-        while self.pinned_tokens + pin.tokens > self.budget_tokens:
+        while self.pinned_tokens + pin.tokens > limit:
             latest = self.pop_latest(ranked_after=pin.arrival_rank)
             if latest is None:  # the rest of the budget belongs to earlier programs: refuse
                 for victim in victims:
@@ -204,7 +214,7 @@ class PinTable:
     def check_integrity(self) -> None:
         """Raise AssertionError if the table's invariants do not hold."""
         assert self.pinned_tokens == sum(p.tokens for p in self._pins.values()), "token sum"
-        assert self.pinned_tokens <= self.budget_tokens, "budget exceeded"
+        assert self.pinned_tokens <= self.ceiling_tokens, "ceiling exceeded"
         assert all(p.tokens >= 0 for p in self._pins.values()), "negative pin"
         assert all(pid == p.program_id for pid, p in self._pins.items()), "pin filed under another program"
         live_d = {id(p) for d, s, p in self._by_deadline if self._deadline_entry_live((d, s, p))}

@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from sglang_continuum.core.ttl import TTLModel, TTLSettings
 
 TTLFactory = Callable[["TTLSettings", "ToolStats"], "TTLModel"]
-DoorFactory = Callable[[bool, "ToolStats"], Door]  # (admission_control setting, tool statistics) -> the door
+# (admission_control setting, tool statistics, the TTL model's rebuild seconds per context) -> the door
+DoorFactory = Callable[[bool, "ToolStats", Callable[[int], float]], Door]
 WaitBoundFactory = Callable[[int], BoundedWaiting]  # (max_overtakes setting) -> the wait bound
 SheddingFactory = Callable[["PinTable", "ProgramRegistry", "Silence"], Shedding]
 

@@ -38,7 +38,8 @@ pin_budget_tokens             | gauge     | gauge.pin_budget_tokens             
 tracked_programs              | gauge     | gauge.tracked_programs              | -    | Programs the registry remembers.
 programs_in_flight            | gauge     | gauge.programs_in_flight            | -    | Programs in the working set (a turn waiting or running, or out on a tool while pinned, or with HiCache while seen in the last 120 s).
 working_set_tokens            | gauge     | gauge.working_set_tokens            | -    | Current context tokens of programs in flight.
-working_set_reserved_tokens   | gauge     | gauge.working_set_reserved_tokens   | -    | Tokens admission control keeps for programs in flight: each at least the expected final context.
+working_set_reserved_tokens   | gauge     | gauge.working_set_reserved_tokens   | -    | Tokens admission control keeps for programs in flight: each at least the expected final context while growth is reserved.
+growth_reserved               | gauge     | gauge.growth_reserved               | -    | 1 while admission control reserves room for programs to grow to the expected final context; 0 where the engine's price (no host tier) says a lost context is cheaper to rebuild than the batch place its room would hold.
 expected_final_context_tokens | gauge     | gauge.expected_final_context_tokens | -    | Mean final context of the last 64 programs that ended (0 before any did).
 programs_held_back            | gauge     | gauge.programs_held_back            | -    | Waiting first turns of new programs that admission control is holding back.
 return_loss_ratio             | gauge     | gauge.return_loss_ratio             | -    | Share of returning programs' previous contexts found gone (last 32 returning turns): the thrash signal.

@@ -173,14 +173,21 @@ def test_continuum_runs_are_deterministic_forked_or_fresh_and_return_every_kv_sl
 
 
 def test_under_pressure_continuum_keeps_more_of_the_next_turns_context_than_fcfs(tmp_path, pressure_workload):
+    """On an engine where a lost context is dear (prefill 10x the test profile's: rebuilding one
+    costs more than a batch place, so the door keeps programs resident and reserves their growth);
+    where it is cheap, keeping them is not what the price asks for (tests/unit/test_door.py)."""
     workload, programs = pressure_workload
     pool = int(2.5 * sum(p.context_tokens for p in programs) / len(programs))
+    profile = _profile(tmp_path, coeffs=[0.02, 2e-4, 1e-8])
     with ThreadPoolExecutor(2) as pool_:
         policies = ("fcfs", "continuum")
         runs = dict(
             zip(
                 policies,
-                pool_.map(lambda p: _emulate(tmp_path, workload, p, pool=pool, jps=2.0, seed=1, name=p), policies),
+                pool_.map(
+                    lambda p: _emulate(tmp_path, workload, p, pool=pool, jps=2.0, seed=1, name=p, profile=profile),
+                    policies,
+                ),
             )
         )
     later = {p: [t for t in _turns(r) if t["turn"] > 0] for p, r in runs.items()}

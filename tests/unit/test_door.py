@@ -82,12 +82,15 @@ def test_an_idle_engine_admits_a_newcomer():
     assert not c.holds_back(returning, 900, 1000)  # a later turn is never held
 
 
-def test_while_the_door_binds_a_program_out_on_a_tool_stays_resident():
+def test_while_the_door_binds_a_program_out_on_a_tool_stays_resident_where_the_engine_says_keeping_pays():
     """Residency: the TTL model pins nothing (0 s), but while the door holds a first turn the
-    memory an admitted program keeps through its tool call would go to nobody: it is pinned for
-    its tool's usual time and keeps its room. Without a held first turn it is let go as before."""
-    for binding in (True, False):
-        c, clock = make(fixed_ttl_s=0.0, max_overtakes=0)
+    memory an admitted program keeps through its tool call would go to nobody but the batch: it is
+    pinned for its tool's usual time (p90: 10 s) and keeps its room where rebuilding its context
+    (12 s of engine time, one program resident) costs more than the place in the batch it leaves
+    empty; not where a re-prefill is cheap (0.5 s: a decode-bound engine), nor without a held
+    first turn. Its pin may fill the pins' ceiling (900 tokens), past their budget (500)."""
+    for binding, rebuild_s, resident in ((True, 12.0, True), (True, 0.5, False), (False, 12.0, False)):
+        c, clock = make(fixed_ttl_s=0.0, rebuild_s=rebuild_s, max_overtakes=0, budget=500, ceiling=900)
         for seconds in (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0):
             c.stats.record("bash", seconds)
         a = c.turn_arrived(meta("a"))
@@ -96,11 +99,31 @@ def test_while_the_door_binds_a_program_out_on_a_tool_stays_resident():
             assert c.holds_back(c.turn_arrived(meta("new")), 300, 1000)
         clock.advance(1.0)
         out = c.turn_finished(meta("a"), context_tokens=800, handle=object(), tag=a)
-        if binding:
+        if resident:
             assert out.pin is not None and out.ttl == 10.0  # the tool's p90, not the model's 0
             assert "a" in c.door.working_set
         else:
-            assert out.pin is None and "a" not in c.door.working_set
+            assert out.pin is None and "a" not in c.door.working_set, (binding, rebuild_s)
+        c.check_integrity()
+
+
+def test_room_for_growth_is_reserved_only_where_a_lost_context_is_dear():
+    """Programs that ended grew to 900 tokens; one of 300 runs. Where rebuilding a 900-token
+    context costs more engine time than the tools' usual time (p90 5 s) in a batch place, the
+    working set counts the runner at 900 and a 300-token newcomer waits in a 1000-token pool; where
+    it is cheap (0.1 s), the door counts what programs hold and lets it in."""
+    for rebuild_s, held in ((12.0, True), (0.1, False)):
+        c, _ = make(fixed_ttl_s=0.0, rebuild_s=rebuild_s, max_overtakes=0)
+        for seconds in (1.0, 2.0, 3.0, 4.0, 5.0, 1.0, 2.0, 3.0, 4.0, 5.0):
+            c.stats.record("bash", seconds)
+        for pid in ("x", "y"):  # two programs that ended at 900 tokens: the expected final context
+            t = c.turn_arrived(ProgramMeta(pid, is_last_step=True))
+            c.turn_admitted(t, 900)
+            c.turn_finished(ProgramMeta(pid, is_last_step=True), context_tokens=900, handle=None, tag=t)
+        assert c.door.working_set.expected_final_context == 900
+        c.turn_admitted(c.turn_arrived(meta("a")), 300)
+        assert c.holds_back(c.turn_arrived(meta("new")), 300, 1000) is held, rebuild_s
+        assert c.door.working_set.reserve_growth is held
         c.check_integrity()
 
 

@@ -63,6 +63,23 @@ def test_budget_sheds_latest_program_arrival_first():
     t.check_integrity()
 
 
+def test_resident_pins_may_fill_the_ceiling_and_other_pins_keep_to_the_budget():
+    """The door keeps resident programs' room: their pins fill up to the ceiling (90), past the
+    budget (50) the TTL model's pins keep to; a later program's ordinary pin then finds the budget
+    full and sheds nobody resident before it, and the first resident pin's own kind still sheds
+    later programs' pins at the ceiling."""
+    t = PinTable(50, ceiling_tokens=90)
+    assert t.add(pin("a", 40, arrival=1), resident=True) == (True, [])
+    assert t.add(pin("b", 40, arrival=2), resident=True) == (True, [])
+    assert t.pinned_tokens == 80 > t.budget_tokens
+    t.check_integrity()
+    assert t.add(pin("c", 5, arrival=3)) == (False, [])  # budget held by earlier programs
+    stored, released = t.add(pin("early", 20, arrival=0), resident=True)
+    assert stored and [p.program_id for p in released] == ["b"]
+    assert PinTable(50).add(pin("x", 60), resident=True) == (False, [])  # no ceiling given: the budget
+    t.check_integrity()
+
+
 def test_budget_refuses_a_pin_from_the_latest_program():
     t = PinTable(50)
     t.add(pin("early", 40, arrival=1))
@@ -124,7 +141,9 @@ def test_negative_budget_rejected():
 
 ops = st.lists(
     st.one_of(
-        st.tuples(st.just("add"), st.integers(0, 9), st.integers(1, 40), st.floats(0, 10), st.integers(0, 20)),
+        st.tuples(
+            st.just("add"), st.integers(0, 9), st.integers(1, 40), st.floats(0, 10), st.integers(0, 20), st.booleans()
+        ),
         st.tuples(st.just("pop"), st.integers(0, 9)),
         st.tuples(st.just("expire"), st.floats(0, 12), st.booleans()),
         st.tuples(st.just("shed")),
@@ -134,19 +153,21 @@ ops = st.lists(
 
 
 @settings(max_examples=300, deadline=None)
-@given(budget=st.integers(0, 120), ops=ops)
-def test_table_matches_a_reference_model(budget, ops):
-    """Every handed-out pin is returned exactly once; the budget is never exceeded."""
-    t = PinTable(budget)
+@given(budget=st.integers(0, 120), extra=st.integers(0, 60), ops=ops)
+def test_table_matches_a_reference_model(budget, extra, ops):
+    """Every handed-out pin is returned exactly once; the ceiling is never exceeded, nor the budget
+    by an ordinary pin's add."""
+    t = PinTable(budget, ceiling_tokens=budget + extra)
     live: dict[str, Pin] = {}
     returned: list[Pin] = []
     created: list[Pin] = []
     for op in ops:
         if op[0] == "add":
-            _, i, tokens, deadline, arrival = op
+            _, i, tokens, deadline, arrival, resident = op
             p = pin(f"p{i}", tokens, deadline, arrival)
             created.append(p)
-            stored, out = t.add(p)
+            stored, out = t.add(p, resident=resident)
+            assert not stored or t.pinned_tokens <= (budget + extra if resident else budget)
             returned.extend(out)
             for q in out:
                 assert live.get(q.program_id) is q
@@ -176,7 +197,7 @@ def test_table_matches_a_reference_model(budget, ops):
                 returned.append(q)
         t.check_integrity()
         assert {p.program_id: p for p in t} == live
-        assert t.pinned_tokens <= budget
+        assert t.pinned_tokens <= budget + extra
     returned.extend(t.clear())
     assert sorted(map(id, returned)) == sorted(map(id, created))
 

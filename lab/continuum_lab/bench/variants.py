@@ -12,6 +12,7 @@ from __future__ import annotations
 from functools import partial
 
 from continuum_lab.bench.ttl_baselines import BernsteinTTL, FixedTTL, ReferenceTTL
+from sglang_continuum.core.door import Door
 from sglang_continuum.core.priority import RETRACTED, WAITING, QueueKey, Waiting
 from sglang_continuum.core.rules import Rules, Timings
 
@@ -33,7 +34,39 @@ def timed(**timings: float) -> Rules:
     return Rules("continuum-timed", timings=Timings(**timings))
 
 
+class DoorWithoutResidency(Door):
+    """The door as it was before residency: the TTL model alone prices pins while it binds, a
+    return whose context is gone is re-prefilled at once (never paused), and room for growth is
+    always reserved."""
+
+    def resident_ttl(self, tool: str, now: float, context_tokens: int) -> float:
+        return 0.0
+
+    def pauses(self, tag, state) -> bool:
+        return False
+
+    def _price_growth(self) -> None:
+        self.working_set.reserve_growth = True
+
+
+class DoorWithoutPausing(Door):
+    """Residency's pins without its pauses: a return whose context is gone is re-prefilled at once."""
+
+    def pauses(self, tag, state) -> bool:
+        return False
+
+
+class DoorWithoutResidentPins(Door):
+    """Residency's pauses without its pins: the TTL model alone prices pins while the door binds."""
+
+    def resident_ttl(self, tool: str, now: float, context_tokens: int) -> float:
+        return 0.0
+
+
 PINS_ONLY = Rules("pins-only", order=request_fcfs)
+NO_RESIDENCY = Rules("no-residency", door=DoorWithoutResidency)
+NO_PAUSING = Rules("no-pausing", door=DoorWithoutPausing)
+NO_RESIDENT_PINS = Rules("no-resident-pins", door=DoorWithoutResidentPins)
 FIXED_2S = fixed_ttl(2.0)
 REFERENCE = Rules("reference", ttl_model=ReferenceTTL)  # the public vLLM reference's 2 s rule
 BERNSTEIN = Rules("bernstein", ttl_model=BernsteinTTL)  # the paper's first version
