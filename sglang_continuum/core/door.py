@@ -224,14 +224,17 @@ class Door:
 
     def resident_ttl(self, tool: str, now: float, context_tokens: int) -> float:
         """How long to keep a program resident through ``tool`` while the door binds (0: it does
-        not, or keeping does not pay): the tool's usual time."""
+        not, or keeping does not pay): the tool's usual time. It is priced at the room the door
+        keeps for it, at least the expected final context while growth is reserved: a program let
+        go young is rebuilt on its later returns at the size it grows to."""
         if not self.enabled or self.host_tier or self.stats is None or not self.binding(now):
             return 0.0
         window, _ = self.stats.window_for(tool, min_samples=RESIDENT_MIN_SAMPLES)
         if len(window) == 0:
             return 0.0
         tau = _quantile(window, RESIDENT_QUANTILE)
-        return tau if self.keeping_pays(context_tokens, tau) else 0.0
+        size = max(context_tokens, self.working_set.floor)  # the room the door keeps for it
+        return tau if self.keeping_pays(size, tau) else 0.0
 
     def _price_growth(self) -> None:
         """Reserve room for growth unless the engine says a lost context is cheap: the room a

@@ -72,6 +72,12 @@ def sized_by_todays_contexts(monkeypatch, controller):
     monkeypatch.setattr(type(controller.door.working_set), "expected_final_context", property(lambda self: 0))
 
 
+def keep_nobody_resident(monkeypatch, controller):
+    """The TTL model alone prices pins: this module's prefill profile makes any rebuild dear, so a
+    binding door would keep every program resident, slow tools and all."""
+    monkeypatch.setattr(controller.door, "resident_ttl", lambda tool, now, context_tokens: 0.0)
+
+
 def test_plugin_objects_are_installed(driver):
     from sglang_continuum.adapter.radix_cache import ContinuumRadixCache
     from sglang_continuum.adapter.schedule_policy import ContinuumSchedulePolicy
@@ -297,13 +303,14 @@ def test_random_agent_fleets_finish_without_leaks_and_pins_never_block_higher_ra
     assert cache.token_to_kv_pool_allocator.available_size() == cache.token_to_kv_pool_allocator.size
 
 
-def test_shortfall_of_a_blocked_turn_counts_its_own_cached_prefix(driver):
+def test_shortfall_of_a_blocked_turn_counts_its_own_cached_prefix(driver, monkeypatch):
     """The memory a blocked turn lacks is measured while SGLang holds its prefix lock (the prefix
     is then out of the evictable budget, as SGLang counted it). Read afterwards, the shortfall was
     short by the turn's cached prefix, so shedding freed one pin per retry."""
     rng = random.Random(11)
     drain_pins(driver)
     cache = driver.s.tree_cache
+    keep_nobody_resident(monkeypatch, cache.controller)
     for _ in range(cache.controller.stats.window):
         cache.controller.stats.record("slow", 500.0)
     for pid in ("first", "second"):  # earlier programs pin ~250 tokens each: a later turn may not shed them
@@ -584,6 +591,7 @@ def test_a_return_whose_context_was_evicted_is_paused_while_a_resident_program_f
     cache = driver.s.tree_cache
     controller = cache.controller
     sized_by_todays_contexts(monkeypatch, controller)
+    keep_nobody_resident(monkeypatch, controller)  # res-back's slow tool: never pinned
     driver.submit(tokens(rng, 560), max_new_tokens=4, custom_params=meta("res-old", "fast"))
     driver.run_until_idle()
     assert "res-old" in controller.pins

@@ -107,6 +107,28 @@ def test_while_the_door_binds_a_program_out_on_a_tool_stays_resident_where_the_e
         c.check_integrity()
 
 
+def test_a_young_program_is_priced_at_the_room_the_door_keeps_for_it():
+    """A program of 100 tokens rebuilds in 0.1 s, but the door keeps it room for the expected
+    final context (900 tokens: 0.9 s) and it will be rebuilt at that size: with one slot and tools
+    of p90 0.5 s, keeping it pays."""
+    from sglang_continuum.core.door import Door
+    from sglang_continuum.core.programs import ProgramState
+    from sglang_continuum.core.tool_stats import ToolStats
+
+    stats = ToolStats()
+    for seconds in (0.1, 0.2, 0.3, 0.4, 0.5, 0.1, 0.2, 0.3, 0.4, 0.5):
+        stats.record("bash", seconds)
+    door = Door(True, stats, rebuild_s=lambda tokens: tokens / 1000)
+    ended = ProgramState("ended", arrival_rank=1, last_seen=0.0)
+    ended.context_tokens = 900
+    door.working_set.forgotten(ended)
+    door.binding_until = 10.0
+    assert door.working_set.floor == 900
+    assert door.resident_ttl("bash", now=1.0, context_tokens=100) == 0.5
+    door.working_set.reserve_growth = False  # growth not reserved: priced at its own 100 tokens
+    assert door.resident_ttl("bash", now=1.0, context_tokens=100) == 0.0
+
+
 def test_room_for_growth_is_reserved_only_where_a_lost_context_is_dear():
     """Programs that ended grew to 900 tokens; one of 300 runs. Where rebuilding a 900-token
     context costs more engine time than the tools' usual time (p90 5 s) in a batch place, the

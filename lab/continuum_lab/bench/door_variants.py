@@ -96,8 +96,8 @@ class LikelyBackWorkingSet(WorkingSet):
 
 
 class LikelyBackDoor(Door):
-    def __init__(self, enabled: bool, stats: Optional[ToolStats] = None) -> None:
-        super().__init__(enabled, stats)
+    def __init__(self, enabled: bool, stats: Optional[ToolStats] = None, rebuild_s=None) -> None:
+        super().__init__(enabled, stats, rebuild_s)
         self.stats = stats
         self.working_set = LikelyBackWorkingSet()
 
