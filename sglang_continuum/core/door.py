@@ -198,6 +198,7 @@ class Door:
         self.host_tier = False
         self.binding_until = -1.0  # the door held a first turn lately (``BINDING_S``)
         self.capacity_tokens = 0  # the capacity the adapter last weighed a turn against
+        self._growth_priced_at: Optional[tuple] = None  # the inputs of the last growth price
 
     def binding(self, now: float) -> bool:
         return now <= self.binding_until
@@ -244,9 +245,13 @@ class Door:
         working, stats = self.working_set, self.stats
         expected = working.expected_final_context
         if self.host_tier or stats is None or expected == 0 or len(stats.global_samples) < RESIDENT_MIN_SAMPLES:
-            working.reserve_growth = True
+            working.reserve_growth, self._growth_priced_at = True, None
             return
-        working.reserve_growth = self.keeping_pays(expected, _quantile(stats.global_samples, RESIDENT_QUANTILE))
+        key = (stats.global_samples.version, expected, self.capacity_tokens)  # asked per held turn per step
+        if key != self._growth_priced_at:
+            self._growth_priced_at = key
+            tau = _quantile(stats.global_samples, RESIDENT_QUANTILE)
+            working.reserve_growth = self.keeping_pays(expected, tau)
 
     def pauses(self, tag: TurnTag, state: Optional[ProgramState]) -> bool:
         """A return that found its context gone, from a program out of the working set: paused
