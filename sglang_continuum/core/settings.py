@@ -31,7 +31,7 @@ class ContinuumSettings(BaseModel):
         ge=0,
         le=1,
         description="share of the KV pool TTL pins may hold; resident programs' pins, while admission control "
-        "binds without a host tier, up to 0.9 (0: program order alone, no pins)",
+        "binds without a host tier, up to 0.7 (0: program order alone, no pins)",
     )
     max_ttl_s: float = Field(30.0, ge=0, description="longest TTL any pin gets")
     prefill_profile: Optional[str] = Field(
