@@ -74,6 +74,14 @@ def _consensus_now(scheduler: "Scheduler", cache: ContinuumRadixCache) -> Callab
     return agreed
 
 
+def _batch_mode(batch) -> Optional[bool]:
+    """What ran since the last iteration: True a decode batch, False a prefill (or mixed) one, None
+    nothing (the engine's time then is not the batch's)."""
+    if batch is None or batch.forward_mode is None or batch.is_empty():
+        return None
+    return bool(batch.forward_mode.is_decode())
+
+
 class Admission:
     """What one prefill selection learned and decided: the first turn SGLang's budget refused, and
     by how many tokens (the adder's own arithmetic); the programs whose turns it took; whether an
@@ -297,7 +305,7 @@ class SchedulerBinding:
 
     def get_next_batch_to_run(self, running_batch, last_batch):
         self._waiting_programs = None
-        if self.cache.step(self.now(), self.program_waiting):
+        if self.cache.step(self.now(), self.program_waiting, ran=_batch_mode(last_batch)):
             # memory given back outside a request's exit: SGLang clears batch_is_full only
             # when a running request leaves, so re-open admission here
             running_batch.batch_is_full = False

@@ -27,6 +27,7 @@ def gauge_values(
         "working_set_reserved_tokens": working.reserved_tokens(),
         "expected_final_context_tokens": working.expected_final_context,
         "growth_reserved": int(working.reserve_growth),
+        "decode_share": controller.door.engine.decode_share,
         "return_loss_ratio": controller.bounded.return_loss.ratio,
         "overtake_budget": controller.bounded.budget(),
         "programs_held_back": held_back,

@@ -23,8 +23,9 @@ holding whole programs at the door keeps the ones admitted served.
 **Residency** (no host tier): the door and the pin are one decision. While the door is *binding*
 (it held a first turn within ``BINDING_S``), the memory an admitted program keeps through its tool
 call is memory the door would give nobody: what keeping it costs is the engine's, a place in the
-batch left empty, against the re-prefill its release would cost (``keeping_pays``, priced by the
-TTL model's rebuild cost: the prefill profile). Where keeping pays, the program stays resident,
+batch left empty (worth the decode it would have batched: ``engine_time.py`` learns the decode
+share of the engine's time from the scheduler's steps), against the re-prefill its release would
+cost (``keeping_pays``, priced by the TTL model's rebuild cost: the prefill profile). Where keeping pays, the program stays resident,
 pinned for the tool's usual time whatever the TTL model would pay. The same price decides whether
 the working set reserves room for programs to grow to the expected final context: where a
 re-prefill is cheap beside a larger batch (a decode-bound engine), it reserves only what they hold.
@@ -41,6 +42,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from typing import Callable, Iterator, Optional
 
+from sglang_continuum.core.engine_time import EngineTime
 from sglang_continuum.core.metadata import SOURCE_INFERRED
 from sglang_continuum.core.programs import ProgramState, RegistryWatcher
 from sglang_continuum.core.tool_stats import ToolStats
@@ -200,6 +202,7 @@ class Door:
         self.host_tier = False
         self.binding_until = -1.0  # the door held a first turn lately (``BINDING_S``)
         self.capacity_tokens = 0  # the capacity the adapter last weighed a turn against
+        self.engine = EngineTime()  # the decode share of the engine's time, which prices a batch place
         self._growth_priced_at: Optional[tuple] = None  # the inputs of the last growth price
 
     def binding(self, now: float) -> bool:
@@ -216,14 +219,16 @@ class Door:
     def keeping_pays(self, context_tokens: int, hold_s: float) -> bool:
         """Whether keeping ``context_tokens`` of a program out on a tool for ``hold_s`` is worth
         the engine's time. Kept, its room is a place in the batch nobody takes: for ``hold_s`` the
-        engine runs one program fewer of the ``K`` the pool holds (``slots``), about ``hold_s / K``
-        of its time. Let go, its return re-prefills the context, ``rebuild_s`` of engine time in
-        which none of the ``K`` decodes. Keep iff ``rebuild_s * K >= hold_s``: on a prefill-bound
-        engine (long contexts, cheap decode steps) nearly always; on a decode-bound one, where a
-        re-prefill is cheap beside a larger batch, rarely."""
+        engine runs one program fewer of the ``K`` the pool holds (``slots``), which costs the
+        decode it would have batched, about ``hold_s / K`` of the engine's decode time (``hold_s *
+        decode_share / K``: a prefill runs no faster in a larger batch). Let go, its return
+        re-prefills the context, ``rebuild_s`` of engine time in which none of the ``K`` decodes.
+        Keep iff ``rebuild_s * K >= hold_s * decode_share``: on a prefill-bound engine (long
+        contexts, cheap decode steps or short answers) nearly always; on a decode-bound one, where
+        a re-prefill is cheap beside a larger batch, rarely."""
         if self.rebuild_s is None:
             return False
-        return self.rebuild_s(context_tokens) * self.slots() >= hold_s
+        return self.rebuild_s(context_tokens) * self.slots() >= hold_s * self.engine.decode_share
 
     def resident_ttl(self, tool: str, now: float, context_tokens: int) -> float:
         """How long to keep a program resident through ``tool`` while the door binds (0: it does
@@ -249,7 +254,8 @@ class Door:
         if self.host_tier or stats is None or expected == 0 or len(stats.global_samples) < RESIDENT_MIN_SAMPLES:
             working.reserve_growth, self._growth_priced_at = True, None
             return
-        key = (stats.global_samples.version, expected, self.capacity_tokens)  # asked per held turn per step
+        # asked per held turn per step: priced again only when an input moves
+        key = (stats.global_samples.version, expected, self.capacity_tokens, round(self.engine.decode_share, 2))
         if key != self._growth_priced_at:
             self._growth_priced_at = key
             tau = _quantile(stats.global_samples, RESIDENT_QUANTILE)
@@ -325,3 +331,4 @@ class Door:
 
     def check_integrity(self) -> None:
         self.working_set.check_integrity()
+        self.engine.check_integrity()

@@ -40,6 +40,7 @@ programs_in_flight            | gauge     | gauge.programs_in_flight            
 working_set_tokens            | gauge     | gauge.working_set_tokens            | -    | Current context tokens of programs in flight.
 working_set_reserved_tokens   | gauge     | gauge.working_set_reserved_tokens   | -    | Tokens admission control keeps for programs in flight: each at least the expected final context while growth is reserved.
 growth_reserved               | gauge     | gauge.growth_reserved               | -    | 1 while admission control reserves room for programs to grow to the expected final context; 0 where the engine's price (no host tier) says a lost context is cheaper to rebuild than the batch place its room would hold.
+decode_share                  | gauge     | gauge.decode_share                  | -    | Share of the engine's busy time spent in decode steps (decayed over a minute of engine time; 1 until a second of it is seen): what a place left empty in the batch costs, which prices keeping a program resident (no host tier).
 expected_final_context_tokens | gauge     | gauge.expected_final_context_tokens | -    | Mean final context of the last 64 programs that ended (0 before any did).
 programs_held_back            | gauge     | gauge.programs_held_back            | -    | Waiting first turns of new programs that admission control is holding back.
 return_loss_ratio             | gauge     | gauge.return_loss_ratio             | -    | Share of returning programs' previous contexts found gone (last 32 returning turns): the thrash signal.

@@ -113,6 +113,18 @@ def test_second_turn_hits_whole_context_after_pool_was_filled(driver):
     assert cache.controller.counters.hits >= 1 and "agent-1" not in cache.controller.pins
 
 
+def test_the_door_learns_how_the_engine_spends_its_time_from_the_batches_that_ran(driver):
+    """The decode share that prices a batch place (``core/engine_time.py``) is fed by the real
+    loop: a prefill and a run of decode steps both count as busy time, the decode steps as decode."""
+    engine = driver.s.tree_cache.controller.door.engine
+    busy, decode = engine.busy_s, engine.decode_s
+    driver.submit(tokens(random.Random(7), 300), max_new_tokens=24, custom_params=meta("timed", last=True))
+    driver.run_until_idle()
+    assert engine.decode_s > decode, "no decode step was counted"
+    assert engine.busy_s - engine.decode_s > busy - decode, "the prefill was not counted"
+    engine.check_integrity()
+
+
 def test_slow_tool_is_not_pinned_and_its_prefix_is_lost_under_pressure(driver):
     rng = random.Random(2)
     ctx = tokens(rng, 200)

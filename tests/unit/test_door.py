@@ -129,6 +129,47 @@ def test_a_young_program_is_priced_at_the_room_the_door_keeps_for_it():
     assert door.resident_ttl("bash", now=1.0, context_tokens=100) == 0.0
 
 
+def test_on_a_prefill_bound_engine_an_empty_batch_place_is_cheap_and_keeping_pays():
+    """A re-prefill of 2 s against a tool's p90 of 10 s (one program resident): on an engine that
+    spends all its time decoding the place the kept program leaves empty costs more, and it is let
+    go; on one that spends 90% of it prefilling (a decode step batches, a prefill does not) the
+    place costs 10 s x 0.1 = 1 s of decode, and the program stays resident."""
+    for decode_steps, resident in ((10, False), (1, True)):
+        c, _ = make(fixed_ttl_s=0.0, rebuild_s=2.0, max_overtakes=0, budget=500, ceiling=900)
+        for seconds in (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0):
+            c.stats.record("bash", seconds)
+        engine, now = c.door.engine, 0.0
+        engine.step(now, None)
+        for i in range(10):  # ten 1-second steps, the first ``decode_steps`` of them decode
+            now += 1.0
+            engine.step(now, i < decode_steps)
+        assert engine.decode_share == pytest.approx(decode_steps / 10, abs=0.02)
+        a = c.turn_arrived(meta("a"))
+        c.turn_admitted(a, 800)
+        assert c.holds_back(c.turn_arrived(meta("new")), 300, 1000)  # the door binds
+        out = c.turn_finished(meta("a"), context_tokens=800, handle=object(), tag=a)
+        assert (out.pin is not None) is resident, decode_steps
+        assert ("a" in c.door.working_set) is resident
+        c.check_integrity()
+
+
+def test_the_decode_share_counts_busy_steps_only_and_forgets_old_ones():
+    from sglang_continuum.core.engine_time import HALF_LIFE_S, EngineTime
+
+    engine = EngineTime()
+    assert engine.decode_share == 1.0  # nothing seen: every place priced as decode
+    engine.step(0.0, None)
+    engine.step(5.0, None)  # idle: not the engine's time
+    engine.step(6.0, False)  # a one-second prefill
+    engine.step(106.0, True)  # 100 s is no step: the loop waited
+    engine.step(107.0, True)
+    assert engine.decode_share == pytest.approx(0.5, abs=0.01)
+    for i in range(int(4 * HALF_LIFE_S)):  # four half-lives of decode
+        engine.step(108.0 + i, True)
+    assert engine.decode_share > 0.9
+    engine.check_integrity()
+
+
 def test_room_for_growth_is_reserved_only_where_a_lost_context_is_dear():
     """Programs that ended grew to 900 tokens; one of 300 runs. Where rebuilding a 900-token
     context costs more engine time than the tools' usual time (p90 5 s) in a batch place, the

@@ -13,6 +13,7 @@ from functools import partial
 
 from continuum_lab.bench.ttl_baselines import BernsteinTTL, FixedTTL, ReferenceTTL
 from sglang_continuum.core.door import Door
+from sglang_continuum.core.engine_time import EngineTime
 from sglang_continuum.core.priority import RETRACTED, WAITING, QueueKey, Waiting
 from sglang_continuum.core.rules import Rules, Timings
 
@@ -63,10 +64,26 @@ class DoorWithoutResidentPins(Door):
         return 0.0
 
 
+class _EveryPlaceDecodes(EngineTime):
+    @property
+    def decode_share(self) -> float:
+        return 1.0
+
+
+class DoorWithoutDecodeShare(Door):
+    """Residency priced as if the engine only decoded: a batch place costs its whole share of the
+    engine's time, whatever the engine spends prefilling."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.engine = _EveryPlaceDecodes()
+
+
 PINS_ONLY = Rules("pins-only", order=request_fcfs)
 NO_RESIDENCY = Rules("no-residency", door=DoorWithoutResidency)
 NO_PAUSING = Rules("no-pausing", door=DoorWithoutPausing)
 NO_RESIDENT_PINS = Rules("no-resident-pins", door=DoorWithoutResidentPins)
+NO_DECODE_SHARE = Rules("no-decode-share", door=DoorWithoutDecodeShare)
 FIXED_2S = fixed_ttl(2.0)
 REFERENCE = Rules("reference", ttl_model=ReferenceTTL)  # the public vLLM reference's 2 s rule
 BERNSTEIN = Rules("bernstein", ttl_model=BernsteinTTL)  # the paper's first version
