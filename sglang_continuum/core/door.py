@@ -25,8 +25,9 @@ holding whole programs at the door keeps the ones admitted served.
 call is memory the door would give nobody: what keeping it costs is the engine's, a place in the
 batch left empty (worth the decode it would have batched: ``engine_time.py`` learns the decode
 share of the engine's time from the scheduler's steps), against the re-prefill its release would
-cost (``keeping_pays``, priced by the TTL model's rebuild cost: the prefill profile). Where keeping pays, the program stays resident,
-pinned for the tool's usual time whatever the TTL model would pay. The same price decides whether
+cost (``keeping_pays``, priced by the TTL model's rebuild cost: the prefill profile). Where
+keeping pays, the program stays resident, pinned for the tool's usual time whatever the TTL model
+would pay. The same price decides whether
 the working set reserves room for programs to grow to the expected final context: where a
 re-prefill is cheap beside a larger batch (a decode-bound engine), it reserves only what they hold.
 And a return
