@@ -82,6 +82,13 @@ def _batch_mode(batch) -> Optional[bool]:
     return bool(batch.forward_mode.is_decode())
 
 
+def _prefilled_tokens(batch) -> int:
+    """The tokens a prefill (or mixed) batch computed: what the engine's prefill rate is learned from."""
+    if batch is None or batch.forward_mode is None or batch.forward_mode.is_decode():
+        return 0
+    return int(batch.extend_num_tokens or 0)
+
+
 class Admission:
     """What one prefill selection learned and decided: the first turn SGLang's budget refused, and
     by how many tokens (the adder's own arithmetic); the programs whose turns it took; whether an
@@ -305,7 +312,8 @@ class SchedulerBinding:
 
     def get_next_batch_to_run(self, running_batch, last_batch):
         self._waiting_programs = None
-        if self.cache.step(self.now(), self.program_waiting, ran=_batch_mode(last_batch)):
+        ran, prefilled = _batch_mode(last_batch), _prefilled_tokens(last_batch)
+        if self.cache.step(self.now(), self.program_waiting, ran=ran, prefilled_tokens=prefilled):
             # memory given back outside a request's exit: SGLang clears batch_is_full only
             # when a running request leaves, so re-open admission here
             running_batch.batch_is_full = False

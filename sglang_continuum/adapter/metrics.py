@@ -28,6 +28,7 @@ def gauge_values(
         "expected_final_context_tokens": working.expected_final_context,
         "growth_reserved": int(working.reserve_growth),
         "decode_share": controller.door.engine.decode_share,
+        "prefill_seconds_per_token": controller.door.engine.prefill_s_per_token or 0.0,
         "return_loss_ratio": controller.bounded.return_loss.ratio,
         "overtake_budget": controller.bounded.budget(),
         "programs_held_back": held_back,

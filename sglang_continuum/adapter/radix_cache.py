@@ -285,13 +285,21 @@ class ContinuumRadixCache(UnifiedRadixCache):
         if state is not None and state.turns_arrived == 1 and state.in_flight == 0:
             self._release(self.controller.end_program(program_id, single_shot=True))
 
-    def step(self, now: float, program_waiting: Callable[[str], bool], *, ran: Optional[bool] = None) -> bool:
-        """Once per scheduler iteration: advance the clock, tell the door what the engine ran since
-        the last one (``ran``: True decode, False prefill, None nothing) and execute the
-        controller's step plan (expiry, offload); first turns known single-shot give their pins
-        back; the runtime shares and saves statistics. Returns whether device memory was given back."""
+    def step(
+        self,
+        now: float,
+        program_waiting: Callable[[str], bool],
+        *,
+        ran: Optional[bool] = None,
+        prefilled_tokens: int = 0,
+    ) -> bool:
+        """Once per scheduler iteration: advance the clock, tell the engine's timings what ran
+        since the last one (``ran``: True decode, False a prefill of ``prefilled_tokens``, None
+        nothing) and execute the controller's step plan (expiry, offload); first turns known
+        single-shot give their pins back; the runtime shares and saves statistics. Returns whether
+        device memory was given back."""
         self.step_clock.set(now)
-        self.controller.door.engine.step(self.step_clock(), ran)
+        self.controller.door.engine.step(self.step_clock(), ran, prefilled_tokens)
         plan = self.controller.step(program_waiting)
         freed = self._execute(plan)
         if self.runtime.inference is not None:

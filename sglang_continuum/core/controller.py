@@ -1,10 +1,9 @@
 """The Continuum controller: the engine-agnostic state machine behind the scheduler adapter.
 
-It owns every piece of policy state -- the program registry, tool statistics, the device and
-host pin tables, the TTL model, the counters -- and is the only code that mutates it. It is
-driven by events (turn arrived / admitted / finished / aborted / retracted, scheduler step,
-cache reset) and answers with pins to create or release; engine objects appear only as opaque
-handles that the adapter locks and unlocks.
+It owns every piece of policy state -- the program registry, tool statistics, the device and host
+pin tables, the TTL model, the counters -- and is the only code that mutates it. It is driven by
+events (turn arrived / admitted / finished / aborted / retracted, scheduler step, cache reset) and
+answers with pins to create or release; engine objects are opaque handles the adapter locks.
 
 With a host tier (HiCache) ``host`` (``core/host_pins.py``) decides which device pins that end
 before their program returns keep a protected host copy, and for how long.
@@ -69,6 +68,7 @@ class ContinuumController:
         self.stats = ToolStats()
         self.ttl_model: TTLModel = self.rules.ttl_model(settings, self.stats)
         self.door = self.rules.door(settings.admission_control, self.stats, self.ttl_model.rebuild_s)
+        self.ttl_model.read_engine(self.door.engine)  # without a measured profile: the engine's prefill rate
         self.programs = ProgramRegistry(
             idle_timeout_s=self.timings.program_idle_timeout_s, watcher=self.door.working_set
         )

@@ -9,8 +9,10 @@
 * ``T``: sliding-window mean queueing delay of returning turns that missed their prefix.
 * ``eta = -Corr(k, N - k)`` over completed programs (k turns served, N total): 1 for fixed-length
   programs, about 0 for memoryless ones; it scales how much of T a hit really saves.
-* ``PrefillReload(r)``: seconds to rebuild the context: prefill (``PrefillProfile``), or with a
-  host tier the host-to-device transfer (``ReloadCost``, see ``offload.py``).
+* ``PrefillReload(r)``: seconds to rebuild the context: prefill (the measured ``PrefillProfile``
+  where one is configured, else the engine's own rate learned from its prefill steps,
+  ``engine_time.py``, else a built-in guess), or with a host tier the host-to-device transfer
+  (``ReloadCost``, see ``offload.py``).
 * Cold start (threshold K): ``|S| <= K`` -> the optimum under exponential tool times,
   ``m ln(B / m)`` for ``B > m`` else 0, with ``m`` the mean of the samples seen so far (the
   paper's Exp(1), ``ln(B)``, before the first one); ``|S[f]| <= K`` -> the global CDF; otherwise
@@ -32,6 +34,7 @@ from typing import Optional
 
 import numpy as np
 
+from sglang_continuum.core.engine_time import EngineTime
 from sglang_continuum.core.offload import host_ttl
 from sglang_continuum.core.tool_stats import SampleWindow, ToolStats
 from sglang_continuum.core.ttl import TTLModel, TTLQuery, argmax_sorted
@@ -75,9 +78,9 @@ class PrefillProfile:
         return out
 
 
-# Used when no profile is configured: about 8k tokens/s with a mild quadratic term, a deliberately
-# middle-of-the-road guess; serving setups should point SGLANG_CONTINUUM_PREFILL_PROFILE at a
-# measured profile (continuum-profile).
+# Used when no profile is configured, until the engine has prefilled enough for its own rate: about
+# 8k tokens/s with a mild quadratic term, a deliberately middle-of-the-road guess. A measured profile
+# (continuum-profile, SGLANG_CONTINUUM_PREFILL_PROFILE) also prices contexts longer than any prefilled yet.
 DEFAULT_PROFILE = PrefillProfile((0.02, 1.2e-4, 1.0e-9), name="builtin-default")
 
 
@@ -224,15 +227,27 @@ class CostModelTTL(SignalModel):
         super().__init__(settings, stats)
         self.k = cold_start_k
         self.profile = profile or DEFAULT_PROFILE
+        self.measured = profile is not None
+        self.engine: Optional[EngineTime] = None  # the engine's own prefill rate, read without a profile
         self.last: Optional[Decision] = None
         self.decisions = DecisionCounts()
         self._ranks: dict[int, np.ndarray] = {}
+
+    def read_engine(self, engine: EngineTime) -> None:
+        if not self.measured:
+            self.engine = engine
+
+    def prefill_s(self, context_tokens: int) -> float:
+        """Seconds to prefill a context: the measured profile, else the engine's own rate once it
+        has prefilled enough to say, else the built-in guess."""
+        rate = None if self.engine is None else self.engine.prefill_s_per_token
+        return self.profile.seconds(context_tokens) if rate is None else rate * context_tokens
 
     def rebuild_s(self, context_tokens: int) -> float:
         """PrefillReload(r): what a device miss costs besides queueing."""
         if self.reload is not None:
             return self.reload.seconds(context_tokens)
-        return self.profile.seconds(context_tokens)
+        return self.prefill_s(context_tokens)
 
     def benefit_s(self, context_tokens: int) -> float:
         return self.queue_delay.mean * self.eta.eta + self.rebuild_s(context_tokens)
@@ -286,7 +301,7 @@ class CostModelTTL(SignalModel):
     def host_ttl(self, query: TTLQuery, elapsed_s: float) -> float:
         if self.reload is None:
             return 0.0
-        benefit = self.profile.seconds(query.context_tokens) - self.reload.seconds(query.context_tokens)
+        benefit = self.prefill_s(query.context_tokens) - self.reload.seconds(query.context_tokens)
         benefit *= self.stats.return_probability(query.tool)
         window, _ = self.window_for(query.tool)
         return host_ttl(

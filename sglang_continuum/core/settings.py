@@ -35,7 +35,9 @@ class ContinuumSettings(BaseModel):
     )
     max_ttl_s: float = Field(30.0, ge=0, description="longest TTL any pin gets")
     prefill_profile: Optional[str] = Field(
-        None, description="measured prefill profile JSON (continuum-profile): what re-prefilling a context costs"
+        None,
+        description="measured prefill profile JSON (continuum-profile): what re-prefilling a context costs "
+        "(unset: the engine's own rate, learned from its prefill steps)",
     )
     terminal_tools: tuple[str, ...] = Field(
         ("submit",), description="tools that end a program: nothing is pinned after a turn that calls one"

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Protocol
+from typing import TYPE_CHECKING, Optional, Protocol
 
 import numpy as np
 
 from sglang_continuum.core.tool_stats import ToolStats
+
+if TYPE_CHECKING:
+    from sglang_continuum.core.engine_time import EngineTime
 
 
 class Reload(Protocol):
@@ -68,6 +71,10 @@ class TTLModel:
     def rebuild_s(self, context_tokens: int) -> float:
         """Seconds a device miss costs besides queueing (recompute, or reload from host)."""
         return 0.0
+
+    def read_engine(self, engine: "EngineTime") -> None:
+        """The engine's own step timings (``engine_time.py``), for a model that prices a rebuild
+        without a measured profile."""
 
     # -- host tier -----------------------------------------------------------------------
     def use_host_tier(self, reload: Reload, hold_cost: float, max_host_ttl_s: float) -> None:

@@ -245,6 +245,22 @@ def test_out_of_vocabulary_token_ids_get_a_400_and_the_server_lives(continuum_se
     assert ok.status_code == 200
 
 
+def test_the_engines_prefill_rate_is_learned_from_the_servers_prefill_steps(continuum_server):
+    """Without a measured profile a rebuild is priced at the engine's own rate: the seconds of its
+    prefill steps over the tokens they computed (``ScheduleBatch.extend_num_tokens``), published as
+    a gauge once 4,096 tokens are seen."""
+    import random
+
+    rng = random.Random(11)
+    for _ in range(6):  # 5,400 fresh tokens, none cached
+        ids = [rng.randrange(5, 500) for _ in range(900)]
+        body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 2}}
+        assert httpx.post(continuum_server.url + "/generate", json=body, timeout=120).status_code == 200
+    metrics = wait_for_metrics(continuum_server, lambda m: m["sglang:continuum_prefill_seconds_per_token"] > 0)
+    rate = metrics["sglang:continuum_prefill_seconds_per_token"]
+    assert 1e-7 < rate < 0.1, rate  # a tiny model on two cores: far from zero, far from 0.1 s a token
+
+
 def test_control_characters_in_a_program_id_forge_no_log_line(continuum_server):
     sp = {"max_new_tokens": 2, "custom_params": {"program_id": "x\nFAKE LOG LINE \x1b[31m"}}
     assert (

@@ -72,6 +72,7 @@ def test_window_figures_count_only_the_window_and_a_waiting_turn_with_its_wait_s
     # c's first turn, sent in the warm-up and never admitted, waited the whole run: a parked session counts
     assert f["longest_first_turn_wait_s"] == pytest.approx(108.0) and f["longest_wait_s"] == pytest.approx(108.0)
     assert f["first_turns_waiting_at_end"] == 1
+    assert f["longest_program_wait_s"] == pytest.approx(108.0)  # c; a waited 0 + 3 s, b 30 s
     assert f["host_loaded_tokens_in_window"] == 300
     # time averages over [10, 110): a admitted from 1 s and b from 6 s, neither ended (100 s each); c
     # never; running a1 (21-25 s) and a2 (33-40 s), b0 for 5 of its 9 s; b1 waits its last 30 s
@@ -79,6 +80,21 @@ def test_window_figures_count_only_the_window_and_a_waiting_turn_with_its_wait_s
     assert f["turns_running_mean"] == pytest.approx((4 + 7 + 5) / 100)
     assert f["running_turn_prompt_tokens"] == pytest.approx((4 * 1100 + 7 * 1200 + 5 * 500) / 16)
     assert f["returning_turns_waiting_mean"] == pytest.approx((1 + 3 + 30) / 100)
+
+
+def test_a_programs_wait_is_its_turns_waits_in_the_window_summed():
+    protocol = SessionsProtocol(concurrency=2, window_s=100.0, warmup_s=10.0)
+    # a parked at each of three turn boundaries for 20 s: no single wait is long, the program's is
+    a = ProgramRecord("a", 0.0, start=0.0, turns=[
+        _turn("a", 0, 0.0, 1.0, 2.0, prompt=100, cached=0, queue=1.0),  # admitted in the warm-up: not counted
+        *(_turn("a", i, 20.0 * i, 20.0 * i + 20.0, 20.0 * i + 21.0, prompt=100, cached=0, queue=20.0)
+          for i in (1, 2, 3)),
+    ])  # fmt: skip
+    b = ProgramRecord("b", 0.0, start=0.0, turns=[_turn("b", 0, 30.0, 65.0, 66.0, prompt=100, cached=0, queue=35.0)])
+    f = window_figures(ReplayResult([a, b], 110.0), protocol)
+    assert f["longest_wait_s"] == pytest.approx(35.0)  # b's one turn
+    assert f["longest_program_wait_s"] == pytest.approx(60.0)  # a's three
+    assert f["program_wait_p90_s"] == pytest.approx(35.0 + 0.9 * 25.0)
 
 
 def _run(policy, n, seed, tps, p90=1.0):

@@ -118,12 +118,17 @@ def test_the_door_learns_how_the_engine_spends_its_time_from_the_batches_that_ra
     loop: a prefill and a run of decode steps both count as busy time, the decode steps as decode.
     (A request with no program: an ended program would move the expected final context the later
     tests' door weighs.)"""
-    engine = driver.s.tree_cache.controller.door.engine
+    controller = driver.s.tree_cache.controller
+    engine = controller.door.engine
     busy, decode = engine.busy_s, engine.decode_s
+    engine.prefill_s = engine.prefill_tokens = 0.0  # what this test's prefill adds, alone
     driver.submit(tokens(random.Random(7), 300), max_new_tokens=24)
     driver.run_until_idle()
     assert engine.decode_s > decode, "no decode step was counted"
     assert engine.busy_s - engine.decode_s > busy - decode, "the prefill was not counted"
+    # the prefill batch's tokens (``ScheduleBatch.extend_num_tokens``), decayed by the decode after it
+    assert engine.prefill_tokens == pytest.approx(300, rel=0.05) and engine.prefill_s > 0
+    assert controller.ttl_model.engine is None  # a measured profile is configured: it prices rebuilds
     engine.check_integrity()
 
 

@@ -170,6 +170,45 @@ def test_the_decode_share_counts_busy_steps_only_and_forgets_old_ones():
     engine.check_integrity()
 
 
+def test_the_prefill_rate_is_the_prefill_steps_seconds_over_the_tokens_they_prefilled():
+    from sglang_continuum.core.engine_time import MIN_PREFILL_TOKENS, EngineTime
+
+    engine = EngineTime()
+    engine.step(0.0, None)
+    engine.step(0.5, False, 2048)  # 2,048 tokens in 0.5 s
+    assert engine.prefill_s_per_token is None  # too few tokens seen to say
+    engine.step(1.5, True)  # a decode step: not prefill time
+    engine.step(2.5, False, 4096)  # 4,096 tokens in 1 s
+    engine.step(3.0, False, 0)  # a prefill interval that computed nothing: no rate from it
+    assert MIN_PREFILL_TOKENS <= engine.prefill_tokens < 6144
+    assert engine.prefill_s_per_token == pytest.approx(1.5 / 6144, rel=0.02)
+    engine.check_integrity()
+
+
+def test_without_a_measured_profile_a_rebuild_is_priced_at_the_engines_own_prefill_rate(tmp_path):
+    """The built-in guess until the engine has prefilled enough, then its own rate; a measured
+    profile is never overridden."""
+    from sglang_continuum.core.clock import ManualClock
+    from sglang_continuum.core.controller import ContinuumController
+    from sglang_continuum.core.cost_model import DEFAULT_PROFILE
+    from sglang_continuum.core.settings import ContinuumSettings
+
+    profile = tmp_path / "profile.json"
+    profile.write_text('{"coeffs": [0.0, 0.001, 0.0]}')
+    for configured in (None, str(profile)):
+        c = ContinuumController(ContinuumSettings(prefill_profile=configured), clock=ManualClock())
+        assert c.ttl_model.rebuild_s(1000) == pytest.approx(1.0 if configured else DEFAULT_PROFILE.seconds(1000))
+        c.door.engine.step(0.0, None)
+        for i in range(4):  # 8,192 tokens at 20 us a token
+            c.door.engine.step(0.041 * (i + 1), False, 2048)
+        learned = c.door.engine.prefill_s_per_token
+        assert learned == pytest.approx(2e-5, rel=0.01)
+        expected = 1.0 if configured else learned * 1000
+        assert c.ttl_model.rebuild_s(1000) == pytest.approx(expected)
+        assert c.door.rebuild_s(1000) == pytest.approx(expected)  # the door prices residency the same
+        c.check_integrity()
+
+
 def test_room_for_growth_is_reserved_only_where_a_lost_context_is_dear():
     """Programs that ended grew to 900 tokens; one of 300 runs. Where rebuilding a 900-token
     context costs more engine time than the tools' usual time (p90 5 s) in a batch place, the

@@ -13,7 +13,9 @@ up there, which is where a KV policy can win or lose.
 - ``window_figures``: what a run did between ``warmup_s`` and ``warmup_s + window_s``, from the
   replay's records. A turn still waiting at the window's end counts with the time it had waited
   (a lower bound), and the longest waits count every turn that waited during the window, sent
-  before it or in it: a policy that parks sessions cannot hide them by never serving them.
+  before it or in it: a policy that parks sessions cannot hide them by never serving them. A
+  program's wait is its turns' waits in the window summed (a program parked at every turn boundary
+  waits longer than any one of its turns shows).
   Time averages over the window say where the throughput goes: sessions admitted (first token of
   their first turn to their end), turns in the running batch (first token to finish) and their
   prompts, and returning turns waiting (sent, no first token yet).
@@ -89,7 +91,8 @@ def window_figures(result: ReplayResult, protocol: SessionsProtocol, counters: O
     and written, busy seconds) at the window's start and end (``{"start": {...}, "end": {...}}``)."""
     lo, hi = protocol.warmup_s, protocol.end_s
     finished, sent = [], []
-    waits = []  # (seconds waited by the window's end or until admitted, turn index): turns waiting in the window
+    # (seconds waited by the window's end or until admitted, turn index, program): turns waiting in the window
+    waits: list[tuple[float, int, str]] = []
     reprefilled = 0
     admitted_spans, running, returns_waiting = [], [], []  # (start, end, weight) for the time averages
     for program in result.programs:
@@ -105,7 +108,7 @@ def window_figures(result: ReplayResult, protocol: SessionsProtocol, counters: O
                 sent.append(t)
             admitted = None if t.queue_time_s is None else t.send + t.queue_time_s
             if t.send < hi and (admitted is None or admitted >= lo):
-                waits.append(((hi if admitted is None else min(admitted, hi)) - t.send, t.turn))
+                waits.append(((hi if admitted is None else min(admitted, hi)) - t.send, t.turn, program.program_id))
             if t.error is None and t.finish is not None and lo <= t.finish < hi:
                 finished.append(t)
                 if previous is not None and previous.finish is not None:
@@ -117,6 +120,9 @@ def window_figures(result: ReplayResult, protocol: SessionsProtocol, counters: O
     cached = sum(t.cached_tokens for t in finished)
     host = sum(t.cached_host_tokens for t in finished)
     in_server = [t.finish - t.send for t in finished]
+    program_waits: dict[str, float] = {}
+    for wait, _, program_id in waits:
+        program_waits[program_id] = program_waits.get(program_id, 0.0) + wait
     hours = protocol.window_s / 3600.0
     turns_running = _time_mean([(a, b, 1) for a, b, _ in running], lo, hi)
     figures = {
@@ -136,9 +142,11 @@ def window_figures(result: ReplayResult, protocol: SessionsProtocol, counters: O
         "cache_hit": cached / prompt if prompt else None,
         "host_hit": host / prompt if prompt else None,
         "reprefilled_tokens": reprefilled,
-        "longest_wait_s": max((w for w, _ in waits), default=None),
-        "longest_first_turn_wait_s": max((w for w, turn in waits if turn == 0), default=None),
-        "longest_later_turn_wait_s": max((w for w, turn in waits if turn > 0), default=None),
+        "longest_wait_s": max((w for w, _, _ in waits), default=None),
+        "longest_first_turn_wait_s": max((w for w, turn, _ in waits if turn == 0), default=None),
+        "longest_later_turn_wait_s": max((w for w, turn, _ in waits if turn > 0), default=None),
+        "longest_program_wait_s": max(program_waits.values(), default=None),
+        "program_wait_p90_s": _pct(list(program_waits.values()), 90),
         "first_turns_waiting_at_end": sum(1 for p in result.programs if p.turns and p.turns[0].queue_time_s is None),
         "sessions_admitted_mean": _time_mean(admitted_spans, lo, hi),
         "turns_running_mean": turns_running,

@@ -30,6 +30,7 @@ COLUMNS = (
     ("reprefilled_tokens", "re-prefilled Mtok", "{:.1f}"),
     ("host_loaded_tokens_in_window", "host loads Mtok", "{:.1f}"),
     ("longest_wait_s", "longest wait s", "{:.1f}"),
+    ("longest_program_wait_s", "longest program wait s", "{:.1f}"),
     ("first_turns_waiting_at_end", "first turns waiting at end", "{:.0f}"),
     # time averages over the window: where the throughput goes
     ("sessions_admitted_mean", "sessions admitted", "{:.1f}"),
@@ -93,6 +94,7 @@ def aggregate(runs: list[dict]) -> list[dict]:
             row[key] = _median([_figure(r, key) for r in group])
         row["ttft_p90_worst_s"] = max((_figure(r, "ttft_p90_s") or 0.0) for r in group)
         row["longest_wait_worst_s"] = max((_figure(r, "longest_wait_s") or 0.0) for r in group)
+        row["longest_program_wait_worst_s"] = max((_figure(r, "longest_program_wait_s") or 0.0) for r in group)
         best = None if is_stock(policy) else best_stock(runs, policy, n)
         ratios = throughput_ratios(runs, policy, best, n) if best else []
         row["best_stock"] = best
