@@ -94,6 +94,26 @@ def test_continuum_bench_end_to_end(tiny_model, tmp_path):
         assert (out / png).stat().st_size > 1000
 
 
+def test_a_measured_sessions_grid_keeps_each_runs_records_and_reports_from_them(tiny_model, tmp_path):
+    """``continuum-bench --sessions`` on a real server: the report's figures are the ones its kept
+    records give (figures defined later can be computed from them, as from an emulated run's)."""
+    from continuum_lab.bench.replay import ReplayResult
+    from continuum_lab.bench.sessions import SessionsProtocol, window_figures
+
+    wl = dump_workload(tiny_workload(n=4, turns=3), tmp_path / "tiny.jsonl")
+    out = tmp_path / "grid"
+    args = ["--workload", str(wl), "--model", tiny_model, "--policies", "fcfs", "--seeds", "1", "--sessions", "2"]
+    rc = bench_main([*args, "--window-s", "6", "--warmup-s", "2", "--max-total-tokens", "1024", "--out", str(out)])
+    assert rc == 0
+    report = json.loads((out / "report.json").read_text())
+    run = json.loads((out / "runs" / "fcfs-n2-s1-r0.json").read_text())
+    window = run["sessions"]
+    figures = window_figures(ReplayResult.from_dict(run["replay"]), SessionsProtocol(**window["protocol"]))
+    assert figures["turns_finished"] > 0 and figures["longest_program_wait_s"] is not None
+    kept = {k: v for k, v in report["runs"][0]["figures"].items() if not k.endswith("_in_window")}
+    assert {k: v for k, v in figures.items() if k in kept} == kept
+
+
 def test_sessions_keep_n_in_flight_on_a_real_server_and_stop_cleanly_at_the_window(continuum_server):
     """``Replayer.run_sessions``: N sessions at once, each replaced by the next of the trace when it
     ends; at the window's end every turn still in flight is cancelled, and the server (SGLang aborts

@@ -49,7 +49,13 @@ def server_runs(grid, args, programs, server_args: list[str], env: dict, server_
         counters = {"start": {"host_loaded_tokens": _series(warm, LOADED)},
                     "end": {"host_loaded_tokens": _series(result.metrics_after, LOADED)}}  # fmt: skip
         figures = window_figures(result, protocol, counters)
-        yield {"policy": policy, "seed": seed, "sessions": {"protocol": protocol.to_dict(), "figures": figures}}
+        window = {"protocol": protocol.to_dict(), "counters": counters, "figures": figures}
+        run = {"policy": policy, "seed": seed, "sessions": window, "replay": result.to_dict()}
+        # the records stay beside the server's log, as an emulated run's do: figures defined later
+        # can be computed from them
+        (args.out / "runs").mkdir(exist_ok=True)
+        (args.out / "runs" / f"{policy}-n{n:g}-s{seed}-r{repeat}.json").write_text(json.dumps(run))
+        yield run
 
 
 def _figures(run: dict) -> dict:
