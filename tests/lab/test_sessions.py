@@ -93,6 +93,8 @@ def test_a_programs_wait_is_its_turns_waits_in_the_window_summed():
     b = ProgramRecord("b", 0.0, start=0.0, turns=[_turn("b", 0, 30.0, 65.0, 66.0, prompt=100, cached=0, queue=35.0)])
     f = window_figures(ReplayResult([a, b], 110.0), protocol)
     assert f["longest_wait_s"] == pytest.approx(35.0)  # b's one turn
+    assert f["ttft_p90_first_turns_s"] == pytest.approx(35.0)  # b's first turn, the one sent in the window
+    assert f["ttft_p90_later_turns_s"] == pytest.approx(20.0)
     assert f["longest_program_wait_s"] == pytest.approx(60.0)  # a's three
     assert f["program_wait_p90_s"] == pytest.approx(35.0 + 0.9 * 25.0)
 

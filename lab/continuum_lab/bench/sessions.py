@@ -134,6 +134,9 @@ def window_figures(result: ReplayResult, protocol: SessionsProtocol, counters: O
         "ttft_p50_s": _pct(ttft, 50),
         "ttft_p90_s": _pct(ttft, 90),
         "ttft_max_s": max(ttft, default=None),
+        # first turns apart: where a policy parks programs at the door, the wait moves to them
+        "ttft_p90_first_turns_s": _pct([w for w, t in zip(ttft, sent) if t.turn == 0], 90),
+        "ttft_p90_later_turns_s": _pct([w for w, t in zip(ttft, sent) if t.turn > 0], 90),
         "in_server_mean_s": float(np.mean(in_server)) if in_server else None,
         "in_server_p90_s": _pct(in_server, 90),
         "prompt_tokens": prompt,
