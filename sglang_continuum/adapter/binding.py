@@ -82,11 +82,14 @@ def _batch_mode(batch) -> Optional[bool]:
     return bool(batch.forward_mode.is_decode())
 
 
-def _prefilled_tokens(batch) -> int:
-    """The tokens a prefill (or mixed) batch computed: what the engine's prefill rate is learned from."""
-    if batch is None or batch.forward_mode is None or batch.forward_mode.is_decode():
-        return 0
-    return int(batch.extend_num_tokens or 0)
+def _prefilled(batch) -> tuple[int, int]:
+    """What a prefill (or mixed) batch computed: its new tokens, and the token pairs its attention
+    did (``e^2 + 2ep`` per request: ``e`` new tokens behind a cached prefix ``p``), which the
+    engine's prefill cost is fitted to."""
+    if batch is None or batch.forward_mode is None or batch.forward_mode.is_decode() or not batch.extend_lens:
+        return 0, 0
+    pairs = sum(e * (e + 2 * p) for e, p in zip(batch.extend_lens, batch.prefix_lens))
+    return int(sum(batch.extend_lens)), int(pairs)
 
 
 class Admission:
@@ -312,8 +315,8 @@ class SchedulerBinding:
 
     def get_next_batch_to_run(self, running_batch, last_batch):
         self._waiting_programs = None
-        ran, prefilled = _batch_mode(last_batch), _prefilled_tokens(last_batch)
-        if self.cache.step(self.now(), self.program_waiting, ran=ran, prefilled_tokens=prefilled):
+        ran, prefilled = _batch_mode(last_batch), _prefilled(last_batch)
+        if self.cache.step(self.now(), self.program_waiting, ran=ran, prefilled=prefilled):
             # memory given back outside a request's exit: SGLang clears batch_is_full only
             # when a running request leaves, so re-open admission here
             running_batch.batch_is_full = False

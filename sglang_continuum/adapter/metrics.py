@@ -13,6 +13,12 @@ from sglang_continuum.core.series import PREFIX, SERIES
 TTL_BUCKETS = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
 
+def _prefill_cost(controller: ContinuumController) -> dict[str, float]:
+    c = controller.door.engine.prefill.coefficients()
+    c0, c1, c2 = (0.0, 0.0, 0.0) if c is None else map(float, c)
+    return {"prefill_step_seconds": c0, "prefill_seconds_per_token": c1, "prefill_seconds_per_pair": c2}
+
+
 def gauge_values(
     controller: ContinuumController, *, held_back: int = 0, oldest_wait_s: float = 0.0, stats_peers: int = 0
 ) -> dict[str, float]:
@@ -28,7 +34,7 @@ def gauge_values(
         "expected_final_context_tokens": working.expected_final_context,
         "growth_reserved": int(working.reserve_growth),
         "decode_share": controller.door.engine.decode_share,
-        "prefill_seconds_per_token": controller.door.engine.prefill_s_per_token or 0.0,
+        **_prefill_cost(controller),
         "return_loss_ratio": controller.bounded.return_loss.ratio,
         "overtake_budget": controller.bounded.budget(),
         "programs_held_back": held_back,

@@ -10,7 +10,7 @@
 * ``eta = -Corr(k, N - k)`` over completed programs (k turns served, N total): 1 for fixed-length
   programs, about 0 for memoryless ones; it scales how much of T a hit really saves.
 * ``PrefillReload(r)``: seconds to rebuild the context: prefill (the measured ``PrefillProfile``
-  where one is configured, else the engine's own rate learned from its prefill steps,
+  where one is configured, else the engine's own, fitted to its prefill steps in the same form,
   ``engine_time.py``, else a built-in guess), or with a host tier the host-to-device transfer
   (``ReloadCost``, see ``offload.py``).
 * Cold start (threshold K): ``|S| <= K`` -> the optimum under exponential tool times,
@@ -78,7 +78,7 @@ class PrefillProfile:
         return out
 
 
-# Used when no profile is configured, until the engine has prefilled enough for its own rate: about
+# Used when no profile is configured, until the engine has prefilled enough for its own fit: about
 # 8k tokens/s with a mild quadratic term, a deliberately middle-of-the-road guess. A measured profile
 # (continuum-profile, SGLANG_CONTINUUM_PREFILL_PROFILE) also prices contexts longer than any prefilled yet.
 DEFAULT_PROFILE = PrefillProfile((0.02, 1.2e-4, 1.0e-9), name="builtin-default")
@@ -228,7 +228,7 @@ class CostModelTTL(SignalModel):
         self.k = cold_start_k
         self.profile = profile or DEFAULT_PROFILE
         self.measured = profile is not None
-        self.engine: Optional[EngineTime] = None  # the engine's own prefill rate, read without a profile
+        self.engine: Optional[EngineTime] = None  # the engine's own prefill fit, read without a profile
         self.last: Optional[Decision] = None
         self.decisions = DecisionCounts()
         self._ranks: dict[int, np.ndarray] = {}
@@ -238,10 +238,10 @@ class CostModelTTL(SignalModel):
             self.engine = engine
 
     def prefill_s(self, context_tokens: int) -> float:
-        """Seconds to prefill a context: the measured profile, else the engine's own rate once it
+        """Seconds to prefill a context: the measured profile, else the engine's own fit once it
         has prefilled enough to say, else the built-in guess."""
-        rate = None if self.engine is None else self.engine.prefill_s_per_token
-        return self.profile.seconds(context_tokens) if rate is None else rate * context_tokens
+        learned = None if self.engine is None else self.engine.prefill.seconds(context_tokens)
+        return self.profile.seconds(context_tokens) if learned is None else learned
 
     def rebuild_s(self, context_tokens: int) -> float:
         """PrefillReload(r): what a device miss costs besides queueing."""

@@ -1,5 +1,5 @@
 """Where the engine's time goes, learned from the scheduler's own steps: the share of its busy time
-spent in decode steps, and what a prefilled token costs.
+spent in decode steps, and what a prefill costs.
 
 A place left empty in the batch costs only decode: a decode step runs every sequence of the batch at
 about the price of one (the weights are read once), while a prefill costs per token, batched or not.
@@ -7,10 +7,11 @@ On an engine that spends most of its time prefilling (long prompts, short answer
 empty place costs little; on a decode-bound one it costs its share of every step. The door prices
 keeping a program resident with it (``Door.keeping_pays``).
 
-A lost context costs its re-prefill. Without a measured prefill profile the TTL model prices it at
-the engine's own rate (``prefill_s_per_token``): the prefill steps' seconds over the tokens they
-prefilled. Those steps extend contexts behind cached prefixes, as a rebuild's chunks do, so the
-rate carries the attention over the prefix at the sizes this workload has.
+A lost context costs its re-prefill. Without a measured prefill profile the TTL model prices it
+with the engine's own (``PrefillFit``): a prefill step's seconds fitted as ``c0 + c1 * tokens + c2
+* pairs``, the form ``continuum-profile`` measures, where ``pairs`` is what causal attention
+computes for ``e`` new tokens behind a cached prefix ``p``, ``e^2 + 2ep`` summed over the batch.
+Rebuilding ``n`` tokens from nothing is then ``c0 + c1 * n + c2 * n^2`` (chunks add up to it).
 
 Fed once per scheduler iteration with the step clock and what ran since the last one (the overlap
 loop launches a batch per iteration, so the interval is about that batch's time); idle intervals
@@ -19,12 +20,90 @@ are not the engine's and are skipped. Everything decays with the engine's busy t
 
 from __future__ import annotations
 
+import itertools
 from typing import Optional
+
+import numpy as np
 
 HALF_LIFE_S = 60.0  # of engine busy time: the figures follow a workload that changes within minutes
 MIN_BUSY_S = 1.0  # before this much busy time is seen the share is 1 (every place priced as decode)
-MIN_PREFILL_TOKENS = 4096  # before this many prefilled tokens are seen (decayed) the rate is unknown
+MIN_PREFILL_TOKENS = 4096  # before this many prefilled tokens (decayed) are seen the fit says nothing
+MIN_PREFILL_STEPS = 8.0  # ... nor before this many prefill steps (decayed)
 MAX_STEP_S = 30.0  # a longer interval is the loop waiting, not a step
+# the fit's terms, each kept or dropped: every non-empty subset, the full model first
+_SUBSETS = [list(s) for n in (3, 2, 1) for s in itertools.combinations(range(3), n)]
+
+
+class PrefillFit:
+    """Decayed least squares of a prefill step's seconds on (1, tokens, attention pairs), with
+    coefficients kept non-negative (the best fit over the subsets of terms whose solution is)."""
+
+    def __init__(self) -> None:
+        self.gram = np.zeros((3, 3))  # decayed sum of x x^T over steps, x = (1, tokens, pairs)
+        self.moment = np.zeros(3)  # decayed sum of x * seconds
+        self.square = 0.0  # decayed sum of seconds^2
+        self.version = 0  # bumps on every prefill step seen (decay scales the sums alike: the fit stays)
+        self._keep = 1.0  # decay not applied to the sums yet (most steps decode: applied when read)
+        self._solved: tuple[int, Optional[np.ndarray]] = (-1, None)
+
+    @property
+    def steps(self) -> float:
+        return float(self.gram[0, 0]) * self._keep
+
+    @property
+    def tokens(self) -> float:
+        return float(self.gram[0, 1]) * self._keep
+
+    def decay(self, keep: float) -> None:
+        self._keep *= keep
+
+    def _settle(self) -> None:
+        if self._keep != 1.0:
+            self.gram *= self._keep
+            self.moment *= self._keep
+            self.square *= self._keep
+            self._keep = 1.0
+
+    def add(self, seconds: float, tokens: int, pairs: int) -> None:
+        self._settle()
+        x = np.array([1.0, float(tokens), float(pairs)])
+        self.gram += np.outer(x, x)
+        self.moment += x * seconds
+        self.square += seconds * seconds
+        self.version += 1
+
+    def coefficients(self) -> Optional[np.ndarray]:
+        """``(c0, c1, c2)``, or None before ``MIN_PREFILL_TOKENS`` in ``MIN_PREFILL_STEPS`` are seen."""
+        if self.tokens < MIN_PREFILL_TOKENS or self.steps < MIN_PREFILL_STEPS:
+            return None
+        if self._solved[0] != self.version:
+            self._solved = (self.version, self._solve())
+        return self._solved[1]
+
+    def seconds(self, tokens: int) -> Optional[float]:
+        """Seconds to prefill ``tokens`` from nothing (None: not known yet)."""
+        c = self.coefficients()
+        return None if c is None else float(c[0] + c[1] * tokens + c[2] * tokens * tokens)
+
+    def _solve(self) -> Optional[np.ndarray]:
+        best, best_residual = None, float("inf")
+        for terms in _SUBSETS:
+            g, m = self.gram[np.ix_(terms, terms)], self.moment[terms]
+            scale = np.sqrt(np.diag(g))
+            if np.any(scale <= 0):
+                continue
+            try:
+                y = np.linalg.solve(g / np.outer(scale, scale), m / scale)
+            except np.linalg.LinAlgError:
+                continue
+            c = np.zeros(3)
+            c[terms] = y / scale
+            if np.any(c < 0) or not np.all(np.isfinite(c)):
+                continue
+            residual = self.square - 2 * c @ self.moment + c @ self.gram @ c
+            if residual < best_residual - 1e-12 * max(1.0, self.square):
+                best, best_residual = c, residual
+        return best if best is not None and best.any() else None
 
 
 class EngineTime:
@@ -32,8 +111,7 @@ class EngineTime:
         self.half_life_s = half_life_s
         self.decode_s = 0.0  # decayed busy seconds in decode steps
         self.busy_s = 0.0  # decayed busy seconds in any step
-        self.prefill_s = 0.0  # decayed busy seconds in prefill (or mixed) steps
-        self.prefill_tokens = 0.0  # decayed tokens those steps prefilled
+        self.prefill = PrefillFit()  # what a prefill step costs
         self._last: Optional[float] = None
 
     @property
@@ -43,16 +121,10 @@ class EngineTime:
             return 1.0
         return self.decode_s / self.busy_s
 
-    @property
-    def prefill_s_per_token(self) -> Optional[float]:
-        """Seconds of engine time a prefilled token costs (None until ``MIN_PREFILL_TOKENS`` are seen)."""
-        if self.prefill_tokens < MIN_PREFILL_TOKENS:
-            return None
-        return self.prefill_s / self.prefill_tokens
-
-    def step(self, now: float, ran: Optional[bool], prefilled_tokens: int = 0) -> None:
+    def step(self, now: float, ran: Optional[bool], prefilled: tuple[int, int] = (0, 0)) -> None:
         """One scheduler iteration at ``now``; ``ran``: what ran since the last one (True a decode
-        batch, False a prefill or mixed one of ``prefilled_tokens`` tokens, None nothing)."""
+        batch, False a prefill or mixed one, None nothing); ``prefilled``: that prefill's new tokens
+        and attention pairs."""
         last, self._last = self._last, now
         if last is None or ran is None:
             return
@@ -60,13 +132,12 @@ class EngineTime:
         if not 0.0 < seconds <= MAX_STEP_S:
             return
         keep = 0.5 ** (seconds / self.half_life_s)
-        prefill = not ran and prefilled_tokens > 0
         self.decode_s = self.decode_s * keep + (seconds if ran else 0.0)
         self.busy_s = self.busy_s * keep + seconds
-        self.prefill_s = self.prefill_s * keep + (seconds if prefill else 0.0)
-        self.prefill_tokens = self.prefill_tokens * keep + (prefilled_tokens if prefill else 0)
+        self.prefill.decay(keep)
+        if not ran and prefilled[0] > 0:
+            self.prefill.add(seconds, *prefilled)
 
     def check_integrity(self) -> None:
         assert 0.0 <= self.decode_s <= self.busy_s + 1e-9, "decode time beyond busy time"
-        assert 0.0 <= self.prefill_s <= self.busy_s - self.decode_s + 1e-9, "prefill time beyond non-decode time"
-        assert self.prefill_tokens >= 0.0, "negative prefilled tokens"
+        assert self.prefill.steps >= 0.0 and self.prefill.tokens >= 0.0, "negative prefill sums"

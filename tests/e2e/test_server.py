@@ -245,20 +245,24 @@ def test_out_of_vocabulary_token_ids_get_a_400_and_the_server_lives(continuum_se
     assert ok.status_code == 200
 
 
-def test_the_engines_prefill_rate_is_learned_from_the_servers_prefill_steps(continuum_server):
-    """Without a measured profile a rebuild is priced at the engine's own rate: the seconds of its
-    prefill steps over the tokens they computed (``ScheduleBatch.extend_num_tokens``), published as
-    a gauge once 4,096 tokens are seen."""
+def test_the_engines_prefill_cost_is_fitted_to_the_servers_prefill_steps(continuum_server):
+    """Without a measured profile a rebuild is priced with the engine's own prefill cost, fitted to
+    its prefill steps (``ScheduleBatch.extend_lens``, ``.prefix_lens``) and published once 4,096
+    tokens in 8 steps are seen."""
     import random
 
     rng = random.Random(11)
-    for _ in range(6):  # 5,400 fresh tokens, none cached
-        ids = [rng.randrange(5, 500) for _ in range(900)]
+    for n in (300, 600, 900) * 3:  # 5,400 fresh tokens in 9 prompts, none cached
+        ids = [rng.randrange(5, 500) for _ in range(n)]
         body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 2}}
         assert httpx.post(continuum_server.url + "/generate", json=body, timeout=120).status_code == 200
-    metrics = wait_for_metrics(continuum_server, lambda m: m["sglang:continuum_prefill_seconds_per_token"] > 0)
-    rate = metrics["sglang:continuum_prefill_seconds_per_token"]
-    assert 1e-7 < rate < 0.1, rate  # a tiny model on two cores: far from zero, far from 0.1 s a token
+    names = ("prefill_step_seconds", "prefill_seconds_per_token", "prefill_seconds_per_pair")
+    learned = lambda m: [m["sglang:continuum_" + name] for name in names]  # noqa: E731
+    metrics = wait_for_metrics(continuum_server, lambda m: sum(learned(m)) > 0)
+    c0, c1, c2 = learned(metrics)
+    assert min(c0, c1, c2) >= 0
+    # a tiny model on two cores: a 1,000-token prompt takes more than 0.1 ms and less than 10 s
+    assert 1e-4 < c0 + c1 * 1000 + c2 * 1000**2 < 10, (c0, c1, c2)
 
 
 def test_control_characters_in_a_program_id_forge_no_log_line(continuum_server):

@@ -121,13 +121,14 @@ def test_the_door_learns_how_the_engine_spends_its_time_from_the_batches_that_ra
     controller = driver.s.tree_cache.controller
     engine = controller.door.engine
     busy, decode = engine.busy_s, engine.decode_s
-    engine.prefill_s = engine.prefill_tokens = 0.0  # what this test's prefill adds, alone
+    steps, seen = engine.prefill.steps, engine.prefill.tokens
     driver.submit(tokens(random.Random(7), 300), max_new_tokens=24)
     driver.run_until_idle()
     assert engine.decode_s > decode, "no decode step was counted"
     assert engine.busy_s - engine.decode_s > busy - decode, "the prefill was not counted"
-    # the prefill batch's tokens (``ScheduleBatch.extend_num_tokens``), decayed by the decode after it
-    assert engine.prefill_tokens == pytest.approx(300, rel=0.05) and engine.prefill_s > 0
+    # the prefill batch's new tokens (``ScheduleBatch.extend_lens``), one step of them
+    assert engine.prefill.tokens - seen == pytest.approx(300, abs=0.05 * (300 + seen))
+    assert engine.prefill.steps - steps == pytest.approx(1, abs=0.05 * (1 + steps))
     assert controller.ttl_model.engine is None  # a measured profile is configured: it prices rebuilds
     engine.check_integrity()
 

@@ -170,23 +170,47 @@ def test_the_decode_share_counts_busy_steps_only_and_forgets_old_ones():
     engine.check_integrity()
 
 
-def test_the_prefill_rate_is_the_prefill_steps_seconds_over_the_tokens_they_prefilled():
-    from sglang_continuum.core.engine_time import MIN_PREFILL_TOKENS, EngineTime
+def test_the_prefill_fit_recovers_a_step_cost_a_token_cost_and_an_attention_cost():
+    """Steps timed as 10 ms + 30 us a token + 1 ns a token pair (appends behind cached prefixes and
+    whole prompts, as a serving engine runs them): the fit gives back the three, and with them a
+    rebuild from nothing; decode steps and empty prefills teach it nothing."""
+    from sglang_continuum.core.engine_time import MIN_PREFILL_STEPS, EngineTime
 
-    engine = EngineTime()
-    engine.step(0.0, None)
-    engine.step(0.5, False, 2048)  # 2,048 tokens in 0.5 s
-    assert engine.prefill_s_per_token is None  # too few tokens seen to say
-    engine.step(1.5, True)  # a decode step: not prefill time
-    engine.step(2.5, False, 4096)  # 4,096 tokens in 1 s
-    engine.step(3.0, False, 0)  # a prefill interval that computed nothing: no rate from it
-    assert MIN_PREFILL_TOKENS <= engine.prefill_tokens < 6144
-    assert engine.prefill_s_per_token == pytest.approx(1.5 / 6144, rel=0.02)
+    engine, now = EngineTime(), 0.0
+    engine.step(now, None)
+    shapes = [(512, 8000), (2048, 0), (256, 30000), (4096, 4096), (1024, 16000), (8192, 0)]
+    for i, (e, p) in enumerate(shapes * 2):
+        if i == MIN_PREFILL_STEPS - 1:
+            assert engine.prefill.coefficients() is None  # too few steps to say
+        pairs = e * (e + 2 * p)
+        now += 0.010 + 30e-6 * e + 1e-9 * pairs
+        engine.step(now, False, (e, pairs))
+        now += 0.05
+        engine.step(now, True)  # a decode step
+        now += 0.05
+        engine.step(now, False, (0, 0))  # a prefill interval that computed nothing
+    c0, c1, c2 = engine.prefill.coefficients()
+    assert (c0, c1, c2) == pytest.approx((0.010, 30e-6, 1e-9), rel=1e-6)
+    assert engine.prefill.seconds(80_000) == pytest.approx(0.010 + 30e-6 * 80_000 + 1e-9 * 80_000**2)
     engine.check_integrity()
 
 
-def test_without_a_measured_profile_a_rebuild_is_priced_at_the_engines_own_prefill_rate(tmp_path):
-    """The built-in guess until the engine has prefilled enough, then its own rate; a measured
+def test_the_prefill_fit_keeps_its_coefficients_non_negative():
+    """Steps whose time does not grow with attention (a noisy engine) would fit a negative pair
+    cost: the fit drops that term instead."""
+    from sglang_continuum.core.engine_time import EngineTime
+
+    engine, now = EngineTime(), 0.0
+    engine.step(now, None)
+    for e, p, seconds in [(1000, 0, 0.05), (1000, 50000, 0.04), (2000, 0, 0.09), (2000, 50000, 0.08)] * 4:
+        now += seconds
+        engine.step(now, False, (e, e * (e + 2 * p)))
+    c = engine.prefill.coefficients()
+    assert c is not None and (c >= 0).all() and c[2] == 0.0
+
+
+def test_without_a_measured_profile_a_rebuild_is_priced_at_the_engines_own_prefill_cost(tmp_path):
+    """The built-in guess until the engine has prefilled enough, then its own fit; a measured
     profile is never overridden."""
     from sglang_continuum.core.clock import ManualClock
     from sglang_continuum.core.controller import ContinuumController
@@ -198,12 +222,13 @@ def test_without_a_measured_profile_a_rebuild_is_priced_at_the_engines_own_prefi
     for configured in (None, str(profile)):
         c = ContinuumController(ContinuumSettings(prefill_profile=configured), clock=ManualClock())
         assert c.ttl_model.rebuild_s(1000) == pytest.approx(1.0 if configured else DEFAULT_PROFILE.seconds(1000))
-        c.door.engine.step(0.0, None)
-        for i in range(4):  # 8,192 tokens at 20 us a token
-            c.door.engine.step(0.041 * (i + 1), False, 2048)
-        learned = c.door.engine.prefill_s_per_token
-        assert learned == pytest.approx(2e-5, rel=0.01)
-        expected = 1.0 if configured else learned * 1000
+        engine, now = c.door.engine, 0.0
+        engine.step(now, None)
+        for i in range(12):  # 20 us a token, nothing else
+            e = 1024 * (1 + i % 3)
+            now += 20e-6 * e
+            engine.step(now, False, (e, e * e))
+        expected = 1.0 if configured else 20e-6 * 1000
         assert c.ttl_model.rebuild_s(1000) == pytest.approx(expected)
         assert c.door.rebuild_s(1000) == pytest.approx(expected)  # the door prices residency the same
         c.check_integrity()
