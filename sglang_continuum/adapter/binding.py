@@ -211,6 +211,11 @@ class SchedulerBinding:
             scheduler.schedule_low_priority_values_first,
         )
         self.now = _consensus_now(scheduler, cache)
+        # overlap scheduling on an asynchronous device launches a batch and goes on while it runs:
+        # the time between two iterations is then the batch launched before the last one (on a
+        # CPU, or without overlap, the last one: its forward returns when it is done)
+        self.forward_is_async = bool(scheduler.enable_overlap) and getattr(scheduler, "device", "cpu") != "cpu"
+        self._launched: tuple[Optional[bool], tuple[int, int]] = (None, (0, 0))
         self.admission = Admission(scheduler, cache)
         self._waiting_programs: Optional[set[str]] = None
         self._next_check = 0.0
@@ -316,6 +321,8 @@ class SchedulerBinding:
     def get_next_batch_to_run(self, running_batch, last_batch):
         self._waiting_programs = None
         ran, prefilled = _batch_mode(last_batch), _prefilled(last_batch)
+        if self.forward_is_async:
+            (ran, prefilled), self._launched = self._launched, (ran, prefilled)
         if self.cache.step(self.now(), self.program_waiting, ran=ran, prefilled=prefilled):
             # memory given back outside a request's exit: SGLang clears batch_is_full only
             # when a running request leaves, so re-open admission here

@@ -104,6 +104,33 @@ def test_an_isolated_programs_time_is_its_predicted_steps_plus_its_tool_time(tmp
     assert t1["first_token"] - t1["send"] == pytest.approx(first, rel=1e-9)
 
 
+@pytest.mark.parametrize("loop", LOOPS)
+def test_without_a_profile_the_plugin_fits_the_prefill_cost_the_emulated_device_has(tmp_path, loop):
+    """The plugin fits a prefill step's seconds to the scheduler loop's iterations
+    (``core/engine_time.py``). Which batch an interval between two iterations belongs to depends on
+    the loop: on an asynchronous device with overlap scheduling, the one launched before the last.
+    Attributed right, the fit gives back the profile's own coefficients on every loop."""
+    keys, server_args = LOOPS[loop]
+    sizes = [(1500, 700, 300), (2600, 200, 900), (400, 1200, 2000), (3000, 500, 100)]
+    programs = [
+        Program(
+            program_id=f"p{i}",
+            turns=[Turn(append_tokens=n, output_tokens=6, tool="bash", tool_duration_s=0.5) for n in appends[:-1]]
+            + [Turn(append_tokens=appends[-1], output_tokens=6)],
+        )
+        for i, appends in enumerate(sizes)
+    ]
+    workload = dump_workload(programs, tmp_path / "sizes.jsonl")
+    profile = _profile(tmp_path, **keys)
+    run = _emulate(tmp_path, workload, "continuum", pool=40_000, profile=profile, server_args=server_args,
+                   jps=0.5, env=["SGLANG_CONTINUUM_PREFILL_PROFILE="])  # fmt: skip
+    fitted = [
+        _series(run, f"sglang:continuum_{name}")
+        for name in ("prefill_step_seconds", "prefill_seconds_per_token", "prefill_seconds_per_pair")
+    ]
+    assert fitted == pytest.approx(PROFILE["coeffs"], rel=1e-6)
+
+
 def test_a_turn_reaching_an_idle_server_is_stamped_when_it_arrives_not_at_the_last_step(tmp_path):
     # One program whose tools take 2 s and whose misses cost ~0.1 s: the plugin must measure 2 s
     # tool times (no pin pays) and no wait. Stamped with the last busy step's time (the emulator

@@ -96,6 +96,7 @@ def emulate(
         with use_settings(ContinuumSettings(**values)):
             args, argv = engine.server_args_for(model_dir, max_total_tokens, flags, extra_flags)
             scheduler = engine.build_scheduler(args)
+            engine.time_forwards_as_the_profiled_device(scheduler, latency)
             host = engine.count_host_transfers(scheduler) if hicache else None
             if host is not None and engine.host_pool_bytes_per_token(scheduler) != engine.ACCOUNTING_KV_BYTES_PER_TOKEN:
                 raise RuntimeError(

@@ -108,6 +108,16 @@ def build_scheduler(server_args):
     return scheduler
 
 
+def time_forwards_as_the_profiled_device(scheduler, latency) -> None:
+    """The plugin times each batch by the scheduler loop's iterations, and which batch an interval
+    belongs to depends on whether the device runs a forward asynchronously (``binding``'s
+    ``forward_is_async``: not on ``--device cpu``). The emulated device is the profiled one, a GPU
+    unless the profile says ``synchronous_forward``."""
+    binding = getattr(scheduler.policy, "binding", None)
+    if binding is not None:
+        binding.forward_is_async = bool(scheduler.enable_overlap) and not latency.synchronous_forward
+
+
 def output_token(rid: str) -> int:
     """Every token request ``rid`` generates: one per request, stable across runs and processes."""
     return OUTPUT_TOKENS[zlib.crc32(rid.encode()) % len(OUTPUT_TOKENS)]
