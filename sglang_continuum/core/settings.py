@@ -37,7 +37,7 @@ class ContinuumSettings(BaseModel):
     prefill_profile: Optional[str] = Field(
         None,
         description="measured prefill profile JSON (continuum-profile): what re-prefilling a context costs "
-        "(unset: the engine's own rate, learned from its prefill steps)",
+        "(unset: the engine's own, fitted to its prefill steps)",
     )
     terminal_tools: tuple[str, ...] = Field(
         ("submit",), description="tools that end a program: nothing is pinned after a turn that calls one"
