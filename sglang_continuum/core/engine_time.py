@@ -30,6 +30,7 @@ MIN_BUSY_S = 1.0  # before this much busy time is seen the share is 1 (every pla
 MIN_PREFILL_TOKENS = 4096  # before this many prefilled tokens (decayed) are seen the fit says nothing
 MIN_PREFILL_STEPS = 8.0  # ... nor before this many prefill steps (decayed)
 MAX_STEP_S = 30.0  # a longer interval is the loop waiting, not a step
+REFIT_STEPS = 8  # the fit is solved again once this many prefill steps were added (it moves slowly)
 # the fit's terms, each kept or dropped: every non-empty subset, the full model first
 _SUBSETS = [list(s) for n in (3, 2, 1) for s in itertools.combinations(range(3), n)]
 
@@ -42,7 +43,7 @@ class PrefillFit:
         self.gram = np.zeros((3, 3))  # decayed sum of x x^T over steps, x = (1, tokens, pairs)
         self.moment = np.zeros(3)  # decayed sum of x * seconds
         self.square = 0.0  # decayed sum of seconds^2
-        self.version = 0  # bumps on every prefill step seen (decay scales the sums alike: the fit stays)
+        self.version = 0  # counts the prefill steps added (decay scales the sums alike: the fit stays)
         self._keep = 1.0  # decay not applied to the sums yet (most steps decode: applied when read)
         self._solved: tuple[int, Optional[np.ndarray]] = (-1, None)
 
@@ -76,7 +77,8 @@ class PrefillFit:
         """``(c0, c1, c2)``, or None before ``MIN_PREFILL_TOKENS`` in ``MIN_PREFILL_STEPS`` are seen."""
         if self.tokens < MIN_PREFILL_TOKENS or self.steps < MIN_PREFILL_STEPS:
             return None
-        if self._solved[0] != self.version:
+        solved_at, _ = self._solved
+        if solved_at < 0 or self.version - solved_at >= REFIT_STEPS:
             self._solved = (self.version, self._solve())
         return self._solved[1]
 
@@ -86,24 +88,32 @@ class PrefillFit:
         return None if c is None else float(c[0] + c[1] * tokens + c[2] * tokens * tokens)
 
     def _solve(self) -> Optional[np.ndarray]:
+        full = self._fit(_SUBSETS[0])
+        if full is not None:  # the usual case: every term pays its way
+            return full if full.any() else None
         best, best_residual = None, float("inf")
-        for terms in _SUBSETS:
-            g, m = self.gram[np.ix_(terms, terms)], self.moment[terms]
-            scale = np.sqrt(np.diag(g))
-            if np.any(scale <= 0):
-                continue
-            try:
-                y = np.linalg.solve(g / np.outer(scale, scale), m / scale)
-            except np.linalg.LinAlgError:
-                continue
-            c = np.zeros(3)
-            c[terms] = y / scale
-            if np.any(c < 0) or not np.all(np.isfinite(c)):
+        for terms in _SUBSETS[1:]:
+            c = self._fit(terms)
+            if c is None:
                 continue
             residual = self.square - 2 * c @ self.moment + c @ self.gram @ c
             if residual < best_residual - 1e-12 * max(1.0, self.square):
                 best, best_residual = c, residual
         return best if best is not None and best.any() else None
+
+    def _fit(self, terms: list[int]) -> Optional[np.ndarray]:
+        """Least squares on ``terms`` alone (None: singular, or a coefficient came out negative)."""
+        g, m = self.gram[np.ix_(terms, terms)], self.moment[terms]
+        scale = np.sqrt(np.diag(g))
+        if np.any(scale <= 0):
+            return None
+        try:
+            y = np.linalg.solve(g / np.outer(scale, scale), m / scale)
+        except np.linalg.LinAlgError:
+            return None
+        c = np.zeros(3)
+        c[terms] = y / scale
+        return c if np.all(c >= 0) and np.all(np.isfinite(c)) else None
 
 
 class EngineTime:

@@ -9,7 +9,8 @@ Measures, on this machine:
    the enqueue hook per arrival and a pin release are timed apart, as per-event costs); the
    incremental order is then checked against a fresh sort;
 2. the controller's per-step work with 100 ... 100,000 live pins (nothing due, and 1% due);
-3. one TTL decision of the cost model with 100, 10,000 and 100,000 samples;
+3. one TTL decision of the cost model with 100, 10,000 and 100,000 samples, and what the engine's
+   timings add (a decode step, a prefill step, the prefill fit solved again);
 4. the out-of-vocabulary check on a request's token ids (1k ... 128k tokens).
 
 With ``--stats-exchange``, instead: what shared tool statistics add to a scheduler step (real zmq
@@ -313,6 +314,28 @@ def bench_ttl_decision(sizes=(100, 10_000, 100_000)) -> list[dict]:
     return rows
 
 
+def bench_engine_time() -> dict:
+    """What the engine's timings (``core/engine_time.py``) add: a decode step, a prefill step, and
+    the prefill fit solved again (once per ``REFIT_STEPS`` prefill steps, when a decision reads it)."""
+    from sglang_continuum.core.engine_time import EngineTime
+
+    engine, clock = EngineTime(), [0.0]
+
+    def step(ran, prefilled=(0, 0)):
+        clock[0] += 0.02
+        engine.step(clock[0], ran, prefilled)
+
+    for i in range(64):  # a fitted engine: varied prefill shapes
+        e, p = 256 * (1 + i % 7), 4096 * (i % 5)
+        step(False, (e, e * (e + 2 * p)))
+    shape = (2048, 2048 * (2048 + 2 * 8192))
+    return {
+        "decode_step": timeit(lambda: step(True), 5000),
+        "prefill_step": timeit(lambda: step(False, shape), 2000),
+        "refit": timeit(engine.prefill._solve, 500, setup=lambda: step(False, shape)),
+    }
+
+
 DECODE_PROMPT = list(range(10, 210))  # the same 200-token prompt for every request and policy
 
 
@@ -520,6 +543,7 @@ def main(argv=None) -> int:
     report = {
         "machine": machine,
         "ttl_decision": bench_ttl_decision(),
+        "engine_time": bench_engine_time(),
         "expiry": bench_expiry(),
         "vocab_check": bench_vocab_check(),
         "calc_priority": bench_calc_priority(args.model, args.waiting, args.pins),
@@ -533,6 +557,11 @@ def main(argv=None) -> int:
             f"{r['decision']['p90_us']:8.1f} us p90; host TTL {r['host_ttl_decision']['median_us']:8.1f} us; "
             f"record a sample {r['record_sample_us']:.1f} us"
         )
+    et = report["engine_time"]
+    print(
+        f"Engine timings: a decode step {et['decode_step']['median_us']:.1f} us, a prefill step "
+        f"{et['prefill_step']['median_us']:.1f} us, the prefill fit solved again {et['refit']['median_us']:.1f} us"
+    )
     print("Out-of-vocabulary check per request:")
     for r in report["vocab_check"]:
         print(
