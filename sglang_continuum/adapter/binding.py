@@ -88,7 +88,8 @@ def _prefilled(batch) -> tuple[int, int]:
     engine's prefill cost is fitted to."""
     if batch is None or batch.forward_mode is None or batch.forward_mode.is_decode() or not batch.extend_lens:
         return 0, 0
-    pairs = sum(e * (e + 2 * p) for e, p in zip(batch.extend_lens, batch.prefix_lens))
+    prefixes = batch.prefix_lens or [0] * len(batch.extend_lens)
+    pairs = sum(e * (e + 2 * p) for e, p in zip(batch.extend_lens, prefixes))
     return int(sum(batch.extend_lens)), int(pairs)
 
 
