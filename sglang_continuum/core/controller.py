@@ -1,7 +1,7 @@
 """The Continuum controller: the engine-agnostic state machine behind the scheduler adapter.
 
-It owns every piece of policy state -- the program registry, tool statistics, the device and host
-pin tables, the TTL model, the counters -- and is the only code that mutates it. It is driven by
+It holds every piece of policy state -- the program registry, tool statistics, the device and host
+pin tables, the TTL model, the counters -- and only it and its rooms mutate it. It is driven by
 events (turn arrived / admitted / finished / aborted / retracted, scheduler step, cache reset) and
 answers with pins to create or release; engine objects are opaque handles the adapter locks.
 
@@ -11,8 +11,9 @@ before their program returns keep a protected host copy, and for how long.
 Each decision has a room of its own, chosen by the ``Rules`` (``core/rules.py``; the product's by
 default, a lab variant's by name): the queue order (``priority.py``), the TTL (``ttl.py``), the door
 and its working set (``door.py``), the wait bound (``bounded_waiting.py``), which pin to shed
-(``shedding.py``), the host tier's pins (``host_pins.py``). The controller routes events to them
-and is the only writer of turn tags and counters.
+(``shedding.py``), the host tier's pins (``host_pins.py``). The device pins' room (``pinning.py``)
+makes, hands back, expires and counts pins by those decisions. The controller routes events to the
+rooms and is the only writer of turn tags.
 """
 
 from __future__ import annotations
@@ -26,15 +27,14 @@ from sglang_continuum.core.counters import (
     SHED_REASONS,
     AdmissionCounters,
     IdentityCounters,
-    PinCounters,
     ProgramCounters,
-    ShedCounters,
     counter_values,
 )
 from sglang_continuum.core.host_pins import HostPins
 from sglang_continuum.core.metadata import ProgramMeta
 from sglang_continuum.core.offload import ReloadCost
-from sglang_continuum.core.pins import Pin, PinSurvival, PinTable, Tier
+from sglang_continuum.core.pinning import Pinning
+from sglang_continuum.core.pins import Pin, PinTable
 from sglang_continuum.core.priority import Waiting, context_gone
 from sglang_continuum.core.programs import ProgramRegistry, ProgramState
 from sglang_continuum.core.rules import Rules, resolve_rules
@@ -43,7 +43,7 @@ from sglang_continuum.core.shedding import Spare
 from sglang_continuum.core.silence import Silence
 from sglang_continuum.core.stats_exchange import DURATION, OUTCOME, Sample
 from sglang_continuum.core.tool_stats import UNKNOWN_TOOL, ToolStats
-from sglang_continuum.core.ttl import TTLModel, TTLQuery
+from sglang_continuum.core.ttl import TTLModel
 from sglang_continuum.core.turns import AdmissionRecord, FinishOutcome, StepPlan, TurnTag
 
 CachedLookup = Optional[Callable[[], Optional[int]]]  # how much of a prompt is cached, looked up on demand
@@ -75,11 +75,19 @@ class ContinuumController:
         self.silence = Silence(self.stats, self.programs)  # programs whose clients announce no ends
         self.pins = PinTable(budget_tokens, ceiling_tokens=pin_ceiling_tokens)  # the ceiling: resident pins
         self.shedding = self.rules.shedding(self.pins, self.programs, self.silence)
+        self.pinning = Pinning(
+            self.pins,
+            self.shedding,
+            programs=self.programs,
+            silence=self.silence,
+            ttl_model=self.ttl_model,
+            door=self.door,
+            max_ttl_s=settings.max_ttl_s,
+        )
+        self.counters, self.sheds, self.survival = self.pinning.counters, self.pinning.sheds, self.pinning.survival
         self.bounded = self.rules.wait_bound(settings.max_overtakes)
-        self.counters = PinCounters()
         self.host = HostPins(self.programs, self.timings, clock, offload_to_host=settings.offload_to_host)
         self.admission = AdmissionCounters()
-        self.sheds = ShedCounters()
         self.program_counters = ProgramCounters()
         self.identity = IdentityCounters()
         self._terminal_tools = frozenset(settings.terminal_tools)
@@ -87,7 +95,6 @@ class ContinuumController:
         # each tool sample recorded here is also handed to this (a StatsExchange's record)
         self.share_sample: Optional[Callable[[str, str, float], None]] = None
         self.last_admission: Optional[AdmissionRecord] = None  # the latest turn_admitted's record
-        self.survival = PinSurvival()
 
     def attach_host_tier(self, *, reload: ReloadCost, host_budget_tokens: int, hold_cost: float) -> None:
         """HiCache is on: misses reload instead of recomputing, and host pins may hold
@@ -124,10 +131,7 @@ class ContinuumController:
         if ret is not None:
             self._record_tool_sample(DURATION, ret.tool, ret.seconds)  # TTL models read tool times from self.stats
             self._record_tool_sample(OUTCOME, ret.tool, 1.0)
-        if state.pin_shed:  # its pin was shed and it came back: a hit the shed cost
-            state.pin_shed = False
-            self.sheds.returned += 1
-            self._pin_outcome(hit=False)
+        self.pinning.returned(state)  # its pin was shed and it came back: a hit the shed cost
         miss = state.turns_arrived > 1 and meta.program_id not in self.pins
         tag = TurnTag(meta, rank, state.arrival_rank, now, miss, turn=state.turns_arrived, program=state)
         tag.new_program = state.turns_admitted == 0 and state.turns_finished == 0
@@ -184,12 +188,7 @@ class ContinuumController:
             state.pin_lost_waiting = False
         if tag.returning_miss or lost:
             self.ttl_model.observe_queue_delay(now - tag.arrival)
-        pin = self.pins.pop(pid)
-        if pin is not None:
-            self.counters.hits += 1
-            self._pin_outcome(hit=True)
-            logger.debug("continuum: pin hit program=%s tokens=%d", pid, pin.tokens)
-        return pin
+        return self.pinning.consume(pid)
 
     def turn_finished(
         self,
@@ -229,40 +228,11 @@ class ContinuumController:
             logger.debug("continuum: program=%s finished (%s); no pin", pid, "last step" if meta.is_last_step else tool)
             return out
         if handle is not None and context_tokens > 0:
-            self._pin(out, state, tool, context_tokens, handle, now)
+            self.pinning.pin(out, state, tool, context_tokens, handle, now)
         if out.pin is None:
             self.door.kept_nothing(state)
         self.silence.went_out(state)
         return out
-
-    def _pin(self, out: FinishOutcome, state: ProgramState, tool: str, context_tokens: int, handle, now: float) -> None:
-        """Pin the finished turn's prefix for the TTL model's time, or the door's while it keeps the program
-        resident, up to the pins' ceiling (``out.pin``; ``out.release``: later programs' pins pushed out)."""
-        pid = state.program_id
-        resident = self.door.resident_ttl(tool, now, context_tokens)
-        out.ttl = ttl = min(max(self.ttl_model.ttl(TTLQuery(tool, context_tokens)), resident), self.settings.max_ttl_s)
-        if ttl <= 0:
-            logger.debug("continuum: program=%s tool=%s ttl=0; no pin", pid, tool)
-            return
-        pin = Pin(pid, context_tokens, now + ttl, state.arrival_rank, now, handle=handle)
-        while self.pins.pinned_tokens + context_tokens > self.pins.limit(resident > 0):
-            stale = self.shedding.stale(now, keep=pid)
-            if stale is None:
-                break
-            self._count_shed(stale, "stale")  # away past its own pace: it gives the budget up first
-            out.release.append(stale)
-        stored, released = self.pins.add(pin, resident=resident > 0)
-        if stored:
-            self.counters.created += 1
-            self.silence.pinned(pin, state)
-            out.pin = pin
-            logger.debug("continuum: pin program=%s tool=%s ttl=%.3fs tokens=%d", pid, tool, ttl, context_tokens)
-        else:
-            self.counters.refused += 1
-            logger.debug("continuum: program=%s pin refused (budget)", pid)
-        for victim in released:  # pins of later programs pushed out of the budget
-            self._count_shed(victim, "budget")
-        out.release.extend(released)
 
     def turn_aborted(self, meta: ProgramMeta, tag: Optional[TurnTag] = None) -> list[Pin]:
         """Abort: forget the pending tool call and drop the program's pins (``tag``: as for
@@ -287,11 +257,8 @@ class ContinuumController:
         not hold memory meanwhile. Host copies stay (the turn will want them)."""
         if not tag.meta.has_program or not self._current(tag.meta, tag):
             return []
-        pin = self.pins.pop(tag.meta.program_id)
-        if pin is None:
-            return []
-        self.counters.released += 1
-        return [pin]
+        pin = self.pinning.release(tag.meta.program_id)
+        return [] if pin is None else [pin]
 
     def step(self, program_waiting: Callable[[str], bool]) -> StepPlan:
         """Once per scheduler step: pins past their deadline (held at most ``max_wait_hold_s``
@@ -304,13 +271,7 @@ class ContinuumController:
         def hold(pin: Pin) -> Optional[float]:
             return pin.deadline + hold_s if hold_s > 0 and program_waiting(pin.program_id) else None
 
-        plan.expired = self.pins.pop_expired(now, hold)
-        self.counters.expired += len(plan.expired)
-        for pin in plan.expired:
-            state = self.programs.get(pin.program_id)
-            if state is not None and state.in_flight > 0:  # its turn still waits: its wait is a sample of T
-                state.pin_lost_waiting = True
-            self.door.kept_nothing(state)  # not back within its TTL
+        plan.expired = self.pinning.expire(now, hold)
         self.programs.forget_idle(now)
         for state in self.programs.drain_forgotten():
             self.program_counters.forgotten += 1
@@ -340,36 +301,14 @@ class ContinuumController:
         sparing rules tried in turn), counted under ``reason`` (one of ``SHED_REASONS``; a stale
         pin counts as ``stale``). None when there is none."""
         assert reason in SHED_REASONS, reason
-        found = self.shedding.victim(self.clock(), ranked_after=ranked_after, keep=keep, spares=spares)
-        if found is None:
-            return None
-        pin, stale = found
-        self._count_shed(pin, "stale" if stale else reason)
-        self.admission.admission_sheds += reason != "alloc"  # for a blocked turn
-        logger.debug("continuum: shed pin program=%s tokens=%d (%s)", pin.program_id, pin.tokens, reason)
+        pin = self.pinning.shed(reason, self.clock(), ranked_after=ranked_after, keep=keep, spares=spares)
+        if pin is not None:
+            self.admission.admission_sheds += reason != "alloc"  # for a blocked turn
         return pin
-
-    def _count_shed(self, pin: Pin, reason: str) -> None:
-        self.counters.shed += 1
-        setattr(self.sheds, reason, getattr(self.sheds, reason) + 1)
-        state = self.programs.get(pin.program_id)
-        if state is None:
-            return
-        if state.in_flight > 0:  # its next turn is already waiting: that turn now misses
-            self.sheds.while_waiting += 1
-            self.sheds.returned += 1
-            state.pin_lost_waiting = True
-            self._pin_outcome(hit=False)
-        else:
-            state.pin_shed = True
-
-    def _pin_outcome(self, *, hit: bool) -> None:
-        """A pin's program came back to it (``hit``) or after it was shed (``PinSurvival``)."""
-        self.ttl_model.pin_survival = self.survival.outcome(hit=hit)
 
     def reset(self) -> None:
         """The engine dropped its whole cache (``/flush_cache``): pins dropped unlocked, as flushed."""
-        self.counters.flushed += len(self.pins.clear())
+        self.pinning.flushed()
         self.host.clear()
         self.bounded.return_loss.reset()  # the flush, not the load, took those contexts
 
@@ -444,7 +383,7 @@ class ContinuumController:
     def check_integrity(self) -> None:
         """Cross-structure invariants; raises AssertionError. Run after every operation in the
         property tests, and at idle while serving with ``SGLANG_CONTINUUM_CHECK_INTEGRITY=1``."""
-        self.pins.check_integrity()
+        self.pinning.check_integrity()
         self.host.check_integrity(self.pins)
         self.programs.check_integrity()
         self.stats.check_integrity()
@@ -452,16 +391,6 @@ class ContinuumController:
         assert all(self.programs.get(pid) is s for pid, s in self.door.working_set.items()), "working set"
         self.bounded.check_integrity()
         self.silence.check_integrity()
-        for pin in self.pins:
-            assert pin.tier is Tier.DEVICE, "host pin in the device table"
-            assert pin.program_id in self.programs, f"pin outlives its program {pin.program_id}"
-            assert pin.handle is not None, "device pin without an engine lock"
-        c = self.counters
-        assert c.hits + c.expired + c.shed + c.released + c.flushed + len(self.pins) == c.created, "pin counters"
-        self.survival.check_integrity()
-        d = self.sheds
-        assert d.admission + d.idle + d.alloc + d.budget + d.stale == c.shed, "shed counters by rule"
-        assert d.while_waiting <= c.shed, "sheds while waiting"
 
     # -- internals -----------------------------------------------------------------------
     def _current(self, meta: ProgramMeta, tag: Optional[TurnTag]) -> bool:
@@ -471,11 +400,8 @@ class ContinuumController:
     def _drop_pins(self, program_id: str) -> list[Pin]:
         """Release whatever the program holds (device pin, host pin)."""
         released = self.host.drop(program_id)
-        pin = self.pins.pop(program_id)
-        if pin is not None:
-            self.counters.released += 1
-            released.append(pin)
-        return released
+        pin = self.pinning.release(program_id)
+        return released if pin is None else [*released, pin]
 
     def _drop_program(self, state: ProgramState, plan: StepPlan) -> None:
         """A program left the registry without a last step: what it held goes, and it ends stranded."""

@@ -698,10 +698,10 @@ def test_pin_survival_reads_a_window_not_the_whole_uptime():
 
     c, _ = make()
     for _ in range(10_000):
-        c._pin_outcome(hit=True)
+        c.pinning.outcome(hit=True)
     assert c.ttl_model.pin_survival > 0.99
     for _ in range(SURVIVAL_WINDOW):
-        c._pin_outcome(hit=False)
+        c.pinning.outcome(hit=False)
     assert c.ttl_model.pin_survival < 0.01
     c.check_integrity()
 
