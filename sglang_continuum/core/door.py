@@ -190,6 +190,8 @@ def _quantile(window, q: float) -> float:
 
 
 class Door:
+    resident_quantile = RESIDENT_QUANTILE
+
     def __init__(
         self, enabled: bool, stats: Optional[ToolStats] = None, rebuild_s: Optional[Callable[[int], float]] = None
     ) -> None:
@@ -245,8 +247,8 @@ class Door:
 
     def hold_s(self, window, size: int) -> float:
         """How long a resident program of ``size`` tokens is kept, given its tool's times
-        (``window``): their ``RESIDENT_QUANTILE``, where keeping that long pays."""
-        tau = _quantile(window, RESIDENT_QUANTILE)
+        (``window``): their ``resident_quantile``, where keeping that long pays."""
+        tau = _quantile(window, self.resident_quantile)
         return tau if self.keeping_pays(size, tau) else 0.0
 
     def _price_growth(self) -> None:

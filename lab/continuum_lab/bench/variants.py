@@ -99,6 +99,12 @@ class DoorHoldingForTheBestReturn(Door):
         return float(times[best]) if gain[best] > 0 else 0.0
 
 
+def resident_hold(quantile: float) -> Rules:
+    """Residency's hold at another quantile of the tool's times than the product's p90."""
+    door = type("DoorHoldingToQuantile", (Door,), {"resident_quantile": quantile})
+    return Rules(f"resident-hold-q{quantile:g}", door=door)
+
+
 PINS_ONLY = Rules("pins-only", order=request_fcfs)
 NO_RESIDENCY = Rules("no-residency", door=DoorWithoutResidency)
 NO_PAUSING = Rules("no-pausing", door=DoorWithoutPausing)
