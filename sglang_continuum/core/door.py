@@ -190,8 +190,6 @@ def _quantile(window, q: float) -> float:
 
 
 class Door:
-    resident_quantile = RESIDENT_QUANTILE
-
     def __init__(
         self, enabled: bool, stats: Optional[ToolStats] = None, rebuild_s: Optional[Callable[[int], float]] = None
     ) -> None:
@@ -243,12 +241,8 @@ class Door:
         window, _ = self.stats.window_for(tool, min_samples=RESIDENT_MIN_SAMPLES)
         if len(window) == 0:
             return 0.0
-        return self.hold_s(window, max(context_tokens, self.working_set.floor))  # the room the door keeps
-
-    def hold_s(self, window, size: int) -> float:
-        """How long a resident program of ``size`` tokens is kept, given its tool's times
-        (``window``): their ``resident_quantile``, where keeping that long pays."""
-        tau = _quantile(window, self.resident_quantile)
+        tau = _quantile(window, RESIDENT_QUANTILE)
+        size = max(context_tokens, self.working_set.floor)  # the room the door keeps for it
         return tau if self.keeping_pays(size, tau) else 0.0
 
     def _price_growth(self) -> None:

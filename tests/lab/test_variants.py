@@ -47,25 +47,3 @@ def test_parameterised_variants_resolve_with_their_arguments():
         resolve_rules("continuum_lab.bench.variants:fixed_ttl(5)")
     with pytest.raises(ValueError, match="does not resolve"):
         resolve_rules("continuum_lab.bench.variants:fixed_ttl(seconds=__import__('os'))")
-
-
-def test_the_best_return_hold_is_the_sample_that_maximises_the_expected_saving():
-    """Held until T, a program saves a rebuild with probability P(R <= T) and leaves its place in
-    the batch empty for E[min(R, T)] (here one slot, an engine that only decodes): checked against
-    every sample by brute force, and 0 where no hold gains."""
-    import numpy as np
-
-    from sglang_continuum.core.tool_stats import SampleWindow
-
-    times = [1.0, 2.0, 2.0, 3.0, 9.0, 10.0, 10.0, 10.0]
-    window = SampleWindow(64, times)
-
-    def brute(rebuild: float) -> float:
-        gains = {t: rebuild * np.mean([r <= t for r in times]) - np.mean([min(r, t) for r in times]) for t in times}
-        best = max(gains, key=gains.get)
-        return best if gains[best] > 0 else 0.0
-
-    for rebuild, expected in ((0.5, 0.0), (6.0, brute(6.0)), (40.0, 10.0)):
-        door = variants.DoorHoldingForTheBestReturn(True, None, rebuild_s=lambda tokens, r=rebuild: r)  # K = 1, d = 1
-        assert door.hold_s(window, 1000) == pytest.approx(expected), rebuild
-    assert brute(6.0) == 3.0  # returns by 3 s are likely enough to pay; the tail at 9-10 s is not

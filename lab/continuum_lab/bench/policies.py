@@ -98,7 +98,6 @@ _POLICIES = (
     Policy("continuum-no-decode-share", CONTINUUM, rules="NO_DECODE_SHARE"),
     Policy("continuum-no-pausing", CONTINUUM, rules="NO_PAUSING"),
     Policy("continuum-no-resident-pins", CONTINUUM, rules="NO_RESIDENT_PINS"),
-    Policy("continuum-best-return-hold", CONTINUUM, rules="BEST_RETURN_HOLD"),
     Policy("continuum-paper", CONTINUUM, {"max_overtakes": 0, "admission_control": False}),
 )
 POLICIES: dict[str, Policy] = {p.name: p for p in _POLICIES}

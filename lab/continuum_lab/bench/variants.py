@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from functools import partial
 
-import numpy as np
-
 from continuum_lab.bench.ttl_baselines import BernsteinTTL, FixedTTL, ReferenceTTL
 from sglang_continuum.core.door import Door
 from sglang_continuum.core.engine_time import EngineTime
@@ -81,36 +79,11 @@ class DoorWithoutDecodeShare(Door):
         self.engine = _EveryPlaceDecodes()
 
 
-class DoorHoldingForTheBestReturn(Door):
-    """Residency's hold chosen by its expected value over the tool's times rather than at their p90:
-    kept until ``T``, a program returns in time with probability ``P(R <= T)`` and saves a rebuild;
-    its place in the batch stays empty for ``E[min(R, T)]`` at ``decode_share / K`` of the engine's
-    time a second. ``T`` is the sample that maximises the difference (0 where none gains)."""
-
-    def hold_s(self, window, size: int) -> float:
-        if self.rebuild_s is None:
-            return 0.0
-        times = window.sorted
-        n = len(times)
-        returned = np.arange(1, n + 1)
-        held = np.cumsum(times) + (n - returned) * times  # n * E[min(R, T)] at each T
-        gain = self.rebuild_s(size) * returned - self.engine.decode_share / self.slots() * held
-        best = int(np.argmax(gain))
-        return float(times[best]) if gain[best] > 0 else 0.0
-
-
-def resident_hold(quantile: float) -> Rules:
-    """Residency's hold at another quantile of the tool's times than the product's p90."""
-    door = type("DoorHoldingToQuantile", (Door,), {"resident_quantile": quantile})
-    return Rules(f"resident-hold-q{quantile:g}", door=door)
-
-
 PINS_ONLY = Rules("pins-only", order=request_fcfs)
 NO_RESIDENCY = Rules("no-residency", door=DoorWithoutResidency)
 NO_PAUSING = Rules("no-pausing", door=DoorWithoutPausing)
 NO_RESIDENT_PINS = Rules("no-resident-pins", door=DoorWithoutResidentPins)
 NO_DECODE_SHARE = Rules("no-decode-share", door=DoorWithoutDecodeShare)
-BEST_RETURN_HOLD = Rules("best-return-hold", door=DoorHoldingForTheBestReturn)
 FIXED_2S = fixed_ttl(2.0)
 REFERENCE = Rules("reference", ttl_model=ReferenceTTL)  # the public vLLM reference's 2 s rule
 BERNSTEIN = Rules("bernstein", ttl_model=BernsteinTTL)  # the paper's first version
