@@ -84,6 +84,7 @@ class ContinuumController:
             door=self.door,
             max_ttl_s=settings.max_ttl_s,
         )
+        # the pins' counts, owned by their room, read here by the metrics and the snapshot
         self.counters, self.sheds, self.survival = self.pinning.counters, self.pinning.sheds, self.pinning.survival
         self.bounded = self.rules.wait_bound(settings.max_overtakes)
         self.host = HostPins(self.programs, self.timings, clock, offload_to_host=settings.offload_to_host)
