@@ -36,6 +36,7 @@ def gauge_values(
         "decode_share": controller.door.engine.decode_share,
         **_prefill_cost(controller),
         "return_loss_ratio": controller.bounded.return_loss.ratio,
+        "release_loss_ratio": controller.door.release_loss(),
         "overtake_budget": controller.bounded.budget(),
         "programs_held_back": held_back,
         "oldest_wait_seconds": oldest_wait_s,

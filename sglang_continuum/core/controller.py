@@ -35,7 +35,7 @@ from sglang_continuum.core.metadata import ProgramMeta
 from sglang_continuum.core.offload import ReloadCost
 from sglang_continuum.core.pinning import Pinning
 from sglang_continuum.core.pins import Pin, PinTable
-from sglang_continuum.core.priority import Waiting, context_gone
+from sglang_continuum.core.priority import Waiting, context_gone, returning_context
 from sglang_continuum.core.programs import ProgramRegistry, ProgramState
 from sglang_continuum.core.rules import Rules, resolve_rules
 from sglang_continuum.core.settings import ContinuumSettings
@@ -137,7 +137,10 @@ class ContinuumController:
         tag = TurnTag(meta, rank, state.arrival_rank, now, miss, turn=state.turns_arrived, program=state)
         tag.new_program = state.turns_admitted == 0 and state.turns_finished == 0
         if miss and not tag.new_program and cached_tokens is not None:
-            tag.context_gone = context_gone(state.context_tokens, prompt_tokens, cached_tokens())
+            cached = cached_tokens()
+            tag.context_gone = context_gone(state.context_tokens, prompt_tokens, cached)
+            if cached is not None and state.let_go:  # what a context let go loses prices residency
+                self.door.unpinned_returned(returning_context(state.context_tokens, prompt_tokens), cached)
         self._enter(tag, now, waiting_ahead)
         return tag
 
@@ -312,6 +315,7 @@ class ContinuumController:
         self.pinning.flushed()
         self.host.clear()
         self.bounded.return_loss.reset()  # the flush, not the load, took those contexts
+        self.door.unpinned_loss.reset()
 
     # -- queue order and admission -------------------------------------------------------
     def priority_key(self, tag: TurnTag, retracted: bool) -> tuple:

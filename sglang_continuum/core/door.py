@@ -25,8 +25,9 @@ holding whole programs at the door keeps the ones admitted served.
 call is memory the door would give nobody: what keeping it costs is the engine's, a place in the
 batch left empty (worth the decode it would have batched: ``engine_time.py`` learns the decode
 share of the engine's time from the scheduler's steps), against the re-prefill its release would
-cost (``keeping_pays``, priced by the TTL model's rebuild cost: the prefill profile). Where
-keeping pays, the program stays resident, pinned for the tool's usual time whatever the TTL model
+cost (``keeping_pays``, priced by the TTL model's rebuild cost: the prefill profile, times the share
+of their context the programs let go unpinned at their turn's end found gone when they came back:
+a context let go is only lost if the pool gives its room to others before the program is back). Where keeping pays, the program stays resident, pinned for the tool's usual time whatever the TTL model
 would pay. The same price decides whether
 the working set reserves room for programs to grow to the expected final context: where a
 re-prefill is cheap beside a larger batch (a decode-bound engine), it reserves only what they hold.
@@ -46,6 +47,7 @@ from typing import Callable, Iterator, Optional
 from sglang_continuum.core.engine_time import EngineTime
 from sglang_continuum.core.metadata import SOURCE_INFERRED
 from sglang_continuum.core.programs import ProgramState, RegistryWatcher
+from sglang_continuum.core.return_loss import ReturnLossMeter
 from sglang_continuum.core.tool_stats import ToolStats
 from sglang_continuum.core.turns import TurnTag
 
@@ -204,6 +206,10 @@ class Door:
         self.binding_until = -1.0  # the door held a first turn lately (``BINDING_S``)
         self.capacity_tokens = 0  # the capacity the adapter last weighed a turn against
         self.engine = EngineTime()  # the decode share of the engine's time, which prices a batch place
+        # what a context let go loses: what of their context the programs let go at their turn's end
+        # (no pin) found gone on arrival (not those whose pin ended partway: they were kept part of
+        # the gap and would price a release too low)
+        self.unpinned_loss = ReturnLossMeter()
         self._growth_priced_at: Optional[tuple] = None  # the inputs of the last growth price
 
     def binding(self, now: float) -> bool:
@@ -217,25 +223,39 @@ class Door:
             return max(1.0, self.capacity_tokens / expected)
         return float(max(1, len(self.working_set)))
 
-    def keeping_pays(self, context_tokens: int, hold_s: float) -> bool:
+    def release_loss(self) -> float:
+        """The share of a context let go that its return will find gone: measured on the programs
+        let go at their turn's end (1 until enough of them are seen: every release priced as lost)."""
+        meter = self.unpinned_loss
+        return meter.ratio if meter.ready else 1.0
+
+    def unpinned_returned(self, previous_tokens: int, cached_tokens: int) -> None:
+        """A program let go at its turn's end came back: its context was ``previous_tokens`` when
+        that turn ended, and ``cached_tokens`` of it were found cached on arrival."""
+        self.unpinned_loss.observe(previous_tokens, cached_tokens)
+
+    def keeping_pays(self, context_tokens: int, hold_s: float, lost: float = 1.0) -> bool:
         """Whether keeping ``context_tokens`` of a program out on a tool for ``hold_s`` is worth
         the engine's time. Kept, its room is a place in the batch nobody takes: for ``hold_s`` the
         engine runs one program fewer of the ``K`` the pool holds (``slots``), which costs the
         decode it would have batched, about ``hold_s / K`` of the engine's decode time (``hold_s *
         decode_share / K``: a prefill runs no faster in a larger batch). Let go, its return
-        re-prefills the context, ``rebuild_s`` of engine time in which none of the ``K`` decodes.
-        Keep iff ``rebuild_s * K >= hold_s * decode_share``: on a prefill-bound engine (long
+        re-prefills the ``lost`` share of the context (where the pool gave its room to others),
+        ``rebuild_s`` of engine time in which none of the ``K`` decodes.
+        Keep iff ``lost * rebuild_s * K >= hold_s * decode_share``: on a prefill-bound engine (long
         contexts, cheap decode steps or short answers) nearly always; on a decode-bound one, where
         a re-prefill is cheap beside a larger batch, rarely."""
         if self.rebuild_s is None:
             return False
-        return self.rebuild_s(context_tokens) * self.slots() >= hold_s * self.engine.decode_share
+        return lost * self.rebuild_s(context_tokens) * self.slots() >= hold_s * self.engine.decode_share
 
     def resident_ttl(self, tool: str, now: float, context_tokens: int) -> float:
         """How long to keep a program resident through ``tool`` while the door binds (0: it does
         not, or keeping does not pay): the tool's usual time. It is priced at the room the door
         keeps for it, at least the expected final context while growth is reserved: a program let
-        go young is rebuilt on its later returns at the size it grows to."""
+        go young is rebuilt on its later returns at the size it grows to; and at the share of a
+        context let go that returns find gone (``release_loss``): where the pool keeps unpinned
+        contexts until their programs are back, a pin keeps the room from new programs for nothing."""
         if not self.enabled or self.host_tier or self.stats is None or not self.binding(now):
             return 0.0
         window, _ = self.stats.window_for(tool, min_samples=RESIDENT_MIN_SAMPLES)
@@ -243,7 +263,7 @@ class Door:
             return 0.0
         tau = _quantile(window, RESIDENT_QUANTILE)
         size = max(context_tokens, self.working_set.floor)  # the room the door keeps for it
-        return tau if self.keeping_pays(size, tau) else 0.0
+        return tau if self.keeping_pays(size, tau, self.release_loss()) else 0.0
 
     def _price_growth(self) -> None:
         """Reserve room for growth unless the engine says a lost context is cheap: the room a
@@ -333,3 +353,4 @@ class Door:
     def check_integrity(self) -> None:
         self.working_set.check_integrity()
         self.engine.check_integrity()
+        self.unpinned_loss.check_integrity()

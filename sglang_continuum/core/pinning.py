@@ -58,6 +58,7 @@ class Pinning:
         pid = state.program_id
         resident = self.door.resident_ttl(tool, now, context_tokens)
         out.ttl = ttl = min(max(self.ttl_model.ttl(TTLQuery(tool, context_tokens)), resident), self.max_ttl_s)
+        state.let_go = True  # until a pin is stored
         if ttl <= 0:
             logger.debug("continuum: program=%s tool=%s ttl=0; no pin", pid, tool)
             return
@@ -70,6 +71,7 @@ class Pinning:
             out.release.append(stale)
         stored, released = self.pins.add(pin, resident=resident > 0)
         if stored:
+            state.let_go = False
             self.counters.created += 1
             self.silence.pinned(pin, state)
             out.pin = pin

@@ -40,8 +40,13 @@ def context_gone(context_tokens: int, prompt_tokens: int, cached_tokens: Optiona
     (``cached_tokens`` of ``prompt_tokens``; None: not known, it keeps its place).
     ``context_tokens``: what its program had when its last turn ended; only what the prompt still
     extends counts (a client that cut its history lost nothing to the pool)."""
-    context = min(context_tokens, prompt_tokens) if prompt_tokens > 0 else context_tokens
+    context = returning_context(context_tokens, prompt_tokens)
     return cached_tokens is not None and context > 0 and cached_tokens < KEEPS_PLACE * context
+
+
+def returning_context(context_tokens: int, prompt_tokens: int) -> int:
+    """What of its program's last context a returning turn's prompt still extends."""
+    return min(context_tokens, prompt_tokens) if prompt_tokens > 0 else context_tokens
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,7 @@ class ProgramState:
     context_tokens: int = 0  # its context as of its latest admitted or finished turn
     first_step: Optional[int] = None  # the client's step number of the first turn seen here
     pin_shed: bool = False  # its last pin was shed (not expired, not hit) and it has not come back yet
+    let_go: bool = False  # its last finished turn was not pinned: its context was unprotected all through its gap
     pin_lost_waiting: bool = False  # its pin was shed or expired while its next turn waited: that turn missed
     announces_end: bool = False  # its client flags the last step (else its end is presumed from silence)
     longest_gap: float = 0.0  # the longest it has been away on a tool call and come back

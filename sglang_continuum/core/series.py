@@ -47,6 +47,7 @@ prefill_seconds_per_pair      | gauge     | gauge.prefill_seconds_per_pair      
 expected_final_context_tokens | gauge     | gauge.expected_final_context_tokens | -    | Mean final context of the last 64 programs that ended (0 before any did).
 programs_held_back            | gauge     | gauge.programs_held_back            | -    | Waiting first turns of new programs that admission control is holding back.
 return_loss_ratio             | gauge     | gauge.return_loss_ratio             | -    | Share of returning programs' previous contexts found gone (last 32 returning turns): the thrash signal.
+release_loss_ratio            | gauge     | gauge.release_loss_ratio            | -    | Share of their previous contexts that programs let go unpinned at their turn's end found gone when they came back (last 32 of them; 1 until 8 are seen): what letting a context go loses, which prices keeping a program resident (no host tier).
 overtake_budget               | gauge     | gauge.overtake_budget               | -    | Later arrivals that may be admitted ahead of a returning turn entering the queue now before it is overdue, in average prompts prefilled (max_overtakes, down to 2 as the return loss passes 0.5; a first turn keeps max_overtakes; 0: no bound).
 oldest_wait_seconds           | gauge     | gauge.oldest_wait_seconds           | -    | How long the oldest waiting request has waited.
 # pin counters

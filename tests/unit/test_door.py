@@ -129,6 +129,58 @@ def test_a_young_program_is_priced_at_the_room_the_door_keeps_for_it():
     assert door.resident_ttl("bash", now=1.0, context_tokens=100) == 0.0
 
 
+def test_where_unpinned_contexts_survive_their_tools_keeping_them_resident_does_not_pay():
+    """A context let go is lost only if the pool gives its room away before its program is back.
+    Rebuilding 900 tokens costs 0.9 s against a tool's p90 of 0.5 s (one slot): priced as lost
+    (before eight unpinned returns are seen, or while they find their contexts gone) the program
+    stays resident; where they find 80% of it still cached, a release loses 0.18 s and a pin only
+    keeps the room from new programs."""
+    from sglang_continuum.core.door import Door
+    from sglang_continuum.core.tool_stats import ToolStats
+
+    stats = ToolStats()
+    for seconds in (0.1, 0.2, 0.3, 0.4, 0.5, 0.1, 0.2, 0.3, 0.4, 0.5):
+        stats.record("bash", seconds)
+    door = Door(True, stats, rebuild_s=lambda tokens: tokens / 1000)
+    door.binding_until = 10.0
+    for _ in range(7):
+        door.unpinned_returned(900, 720)
+    assert door.release_loss() == 1.0  # too few returns: every release priced as lost
+    assert door.resident_ttl("bash", now=1.0, context_tokens=900) == 0.5
+    door.unpinned_returned(900, 720)
+    assert door.release_loss() == pytest.approx(0.2)
+    assert door.resident_ttl("bash", now=1.0, context_tokens=900) == 0.0
+    for _ in range(32):  # the pool fills: returns find their contexts gone again
+        door.unpinned_returned(900, 0)
+    assert door.resident_ttl("bash", now=1.0, context_tokens=900) == 0.5
+    door.check_integrity()
+
+
+def test_a_program_let_go_at_its_turns_end_tells_the_door_what_it_found_and_others_do_not():
+    """Only a context unprotected all through its gap says what a release loses: not a first
+    turn's, nor one whose pin ended partway (it was kept part of the gap)."""
+    c, _ = make(fixed_ttl_s=0.0, max_overtakes=0)
+    a = c.turn_arrived(meta("a"))
+    c.turn_admitted(a, 1000)
+    c.turn_finished(meta("a"), context_tokens=1000, handle=object(), tag=a)  # no pin (0 s)
+    c.turn_arrived(meta("a"), prompt_tokens=1200, cached_tokens=lambda: 250)
+    assert c.door.unpinned_loss.observed == 1 and c.door.unpinned_loss.ratio == 0.75
+    c.turn_arrived(meta("b"), prompt_tokens=1200, cached_tokens=lambda: 0)  # a first turn: nothing let go
+    assert c.door.unpinned_loss.observed == 1
+    p, clock = make(fixed_ttl_s=1.0, max_overtakes=0)
+    b = p.turn_arrived(meta("b"))
+    p.turn_admitted(b, 1000)
+    assert p.turn_finished(meta("b"), context_tokens=1000, handle=object(), tag=b).pin is not None
+    clock.advance(2.0)
+    assert len(p.step(lambda pid: False).expired) == 1  # its pin ended partway through the gap
+    p.turn_arrived(meta("b"), prompt_tokens=1200, cached_tokens=lambda: 0)
+    assert p.door.unpinned_loss.observed == 0
+    p.check_integrity()
+    c.reset()  # a flush, not the load, took what returns find gone next
+    assert c.door.unpinned_loss.ratio == 0.0
+    c.check_integrity()
+
+
 def test_on_a_prefill_bound_engine_an_empty_batch_place_is_cheap_and_keeping_pays():
     """A re-prefill of 2 s against a tool's p90 of 10 s (one program resident): on an engine that
     spends all its time decoding the place the kept program leaves empty costs more, and it is let

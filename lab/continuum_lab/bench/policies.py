@@ -26,7 +26,7 @@ budget), ``continuum-pins-only`` (pins, requests in arrival order), ``continuum-
 starvation bound), ``continuum-no-admission-control``, ``continuum-no-residency`` (the door without
 residency: no resident pins while it binds, no paused returns; ``-no-pausing`` and
 ``-no-resident-pins`` drop one of the two; ``-no-decode-share`` prices a batch place as if the
-engine only decoded), and ``continuum-paper`` (the paper's policy:
+engine only decoded; ``-no-release-loss`` prices every context let go as lost), and ``continuum-paper`` (the paper's policy:
 neither bound nor admission control). Any policy with ``+hicache`` adds SGLang's host tier
 (``--enable-hierarchical-cache``, SGLang's default ``write_through``: the host mirrors the device)
 and is compared with ``fcfs+hicache``; ``+hicache-write-back`` the same with
@@ -96,6 +96,7 @@ _POLICIES = (
     Policy("continuum-no-admission-control", CONTINUUM, {"admission_control": False}),
     Policy("continuum-no-residency", CONTINUUM, rules="NO_RESIDENCY"),
     Policy("continuum-no-decode-share", CONTINUUM, rules="NO_DECODE_SHARE"),
+    Policy("continuum-no-release-loss", CONTINUUM, rules="NO_RELEASE_LOSS"),
     Policy("continuum-no-pausing", CONTINUUM, rules="NO_PAUSING"),
     Policy("continuum-no-resident-pins", CONTINUUM, rules="NO_RESIDENT_PINS"),
     Policy("continuum-paper", CONTINUUM, {"max_overtakes": 0, "admission_control": False}),

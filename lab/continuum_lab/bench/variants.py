@@ -64,6 +64,14 @@ class DoorWithoutResidentPins(Door):
         return 0.0
 
 
+class DoorWithoutReleaseLoss(Door):
+    """Residency priced as if every context let go were lost: the price before it read what the
+    programs let go at their turn's end found gone when they came back."""
+
+    def release_loss(self) -> float:
+        return 1.0
+
+
 class _EveryPlaceDecodes(EngineTime):
     @property
     def decode_share(self) -> float:
@@ -84,6 +92,7 @@ NO_RESIDENCY = Rules("no-residency", door=DoorWithoutResidency)
 NO_PAUSING = Rules("no-pausing", door=DoorWithoutPausing)
 NO_RESIDENT_PINS = Rules("no-resident-pins", door=DoorWithoutResidentPins)
 NO_DECODE_SHARE = Rules("no-decode-share", door=DoorWithoutDecodeShare)
+NO_RELEASE_LOSS = Rules("no-release-loss", door=DoorWithoutReleaseLoss)
 FIXED_2S = fixed_ttl(2.0)
 REFERENCE = Rules("reference", ttl_model=ReferenceTTL)  # the public vLLM reference's 2 s rule
 BERNSTEIN = Rules("bernstein", ttl_model=BernsteinTTL)  # the paper's first version
