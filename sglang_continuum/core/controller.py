@@ -140,7 +140,7 @@ class ContinuumController:
             cached = cached_tokens()
             tag.context_gone = context_gone(state.context_tokens, prompt_tokens, cached)
             if cached is not None and state.let_go:  # what a context let go loses prices residency
-                self.door.unpinned_returned(returning_context(state.context_tokens, prompt_tokens), cached)
+                self.door.let_go_returned(returning_context(state.context_tokens, prompt_tokens), cached)
         self._enter(tag, now, waiting_ahead)
         return tag
 
@@ -315,7 +315,7 @@ class ContinuumController:
         self.pinning.flushed()
         self.host.clear()
         self.bounded.return_loss.reset()  # the flush, not the load, took those contexts
-        self.door.unpinned_loss.reset()
+        self.door.let_go_loss.reset()
 
     # -- queue order and admission -------------------------------------------------------
     def priority_key(self, tag: TurnTag, retracted: bool) -> tuple:

@@ -25,10 +25,11 @@ holding whole programs at the door keeps the ones admitted served.
 call is memory the door would give nobody: what keeping it costs is the engine's, a place in the
 batch left empty (worth the decode it would have batched: ``engine_time.py`` learns the decode
 share of the engine's time from the scheduler's steps), against the re-prefill its release would
-cost (``keeping_pays``, priced by the TTL model's rebuild cost: the prefill profile, times the share
-of their context the programs let go unpinned at their turn's end found gone when they came back:
-a context let go is only lost if the pool gives its room to others before the program is back). Where keeping pays, the program stays resident, pinned for the tool's usual time whatever the TTL model
-would pay. The same price decides whether
+cost (``keeping_pays``, priced by the TTL model's rebuild cost: the prefill profile, times the
+share of their context the programs let go unpinned at their turn's end found gone when they came
+back: a context let go is only lost if the pool gives its room to others before the program is
+back). Where keeping pays, the program stays resident, pinned for the tool's usual time whatever
+the TTL model would pay. The same price decides whether
 the working set reserves room for programs to grow to the expected final context: where a
 re-prefill is cheap beside a larger batch (a decode-bound engine), it reserves only what they hold.
 And a return
@@ -209,7 +210,7 @@ class Door:
         # what a context let go loses: what of their context the programs let go at their turn's end
         # (no pin) found gone on arrival (not those whose pin ended partway: they were kept part of
         # the gap and would price a release too low)
-        self.unpinned_loss = ReturnLossMeter()
+        self.let_go_loss = ReturnLossMeter()
         self._growth_priced_at: Optional[tuple] = None  # the inputs of the last growth price
 
     def binding(self, now: float) -> bool:
@@ -226,13 +227,13 @@ class Door:
     def release_loss(self) -> float:
         """The share of a context let go that its return will find gone: measured on the programs
         let go at their turn's end (1 until enough of them are seen: every release priced as lost)."""
-        meter = self.unpinned_loss
+        meter = self.let_go_loss
         return meter.ratio if meter.ready else 1.0
 
-    def unpinned_returned(self, previous_tokens: int, cached_tokens: int) -> None:
+    def let_go_returned(self, previous_tokens: int, cached_tokens: int) -> None:
         """A program let go at its turn's end came back: its context was ``previous_tokens`` when
         that turn ended, and ``cached_tokens`` of it were found cached on arrival."""
-        self.unpinned_loss.observe(previous_tokens, cached_tokens)
+        self.let_go_loss.observe(previous_tokens, cached_tokens)
 
     def keeping_pays(self, context_tokens: int, hold_s: float, lost: float = 1.0) -> bool:
         """Whether keeping ``context_tokens`` of a program out on a tool for ``hold_s`` is worth
@@ -353,4 +354,4 @@ class Door:
     def check_integrity(self) -> None:
         self.working_set.check_integrity()
         self.engine.check_integrity()
-        self.unpinned_loss.check_integrity()
+        self.let_go_loss.check_integrity()

@@ -144,14 +144,14 @@ def test_where_unpinned_contexts_survive_their_tools_keeping_them_resident_does_
     door = Door(True, stats, rebuild_s=lambda tokens: tokens / 1000)
     door.binding_until = 10.0
     for _ in range(7):
-        door.unpinned_returned(900, 720)
+        door.let_go_returned(900, 720)
     assert door.release_loss() == 1.0  # too few returns: every release priced as lost
     assert door.resident_ttl("bash", now=1.0, context_tokens=900) == 0.5
-    door.unpinned_returned(900, 720)
+    door.let_go_returned(900, 720)
     assert door.release_loss() == pytest.approx(0.2)
     assert door.resident_ttl("bash", now=1.0, context_tokens=900) == 0.0
     for _ in range(32):  # the pool fills: returns find their contexts gone again
-        door.unpinned_returned(900, 0)
+        door.let_go_returned(900, 0)
     assert door.resident_ttl("bash", now=1.0, context_tokens=900) == 0.5
     door.check_integrity()
 
@@ -164,9 +164,9 @@ def test_a_program_let_go_at_its_turns_end_tells_the_door_what_it_found_and_othe
     c.turn_admitted(a, 1000)
     c.turn_finished(meta("a"), context_tokens=1000, handle=object(), tag=a)  # no pin (0 s)
     c.turn_arrived(meta("a"), prompt_tokens=1200, cached_tokens=lambda: 250)
-    assert c.door.unpinned_loss.observed == 1 and c.door.unpinned_loss.ratio == 0.75
+    assert c.door.let_go_loss.observed == 1 and c.door.let_go_loss.ratio == 0.75
     c.turn_arrived(meta("b"), prompt_tokens=1200, cached_tokens=lambda: 0)  # a first turn: nothing let go
-    assert c.door.unpinned_loss.observed == 1
+    assert c.door.let_go_loss.observed == 1
     p, clock = make(fixed_ttl_s=1.0, max_overtakes=0)
     b = p.turn_arrived(meta("b"))
     p.turn_admitted(b, 1000)
@@ -174,10 +174,10 @@ def test_a_program_let_go_at_its_turns_end_tells_the_door_what_it_found_and_othe
     clock.advance(2.0)
     assert len(p.step(lambda pid: False).expired) == 1  # its pin ended partway through the gap
     p.turn_arrived(meta("b"), prompt_tokens=1200, cached_tokens=lambda: 0)
-    assert p.door.unpinned_loss.observed == 0
+    assert p.door.let_go_loss.observed == 0
     p.check_integrity()
     c.reset()  # a flush, not the load, took what returns find gone next
-    assert c.door.unpinned_loss.ratio == 0.0
+    assert c.door.let_go_loss.ratio == 0.0
     c.check_integrity()
 
 
