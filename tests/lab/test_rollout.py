@@ -192,7 +192,8 @@ def test_the_replay_client_stops_a_step_at_its_time_limit(monkeypatch):
     assert q.start == pytest.approx(0.0, abs=0.05) and s.start == pytest.approx(0.0, abs=0.05)  # released at once
     assert q.ok and not s.ok and len(s.turns) == 1
     f = step_figures(result)
-    assert f["time_limit_hit"] and f["makespan_s"] == result.wall_s >= 0.3
+    # asyncio may fire a timer up to its clock's resolution early (0.29988 s seen under load)
+    assert f["time_limit_hit"] and f["makespan_s"] == result.wall_s >= 0.29
 
 
 @pytest.mark.parametrize(
