@@ -82,15 +82,15 @@ def _batch_mode(batch) -> Optional[bool]:
     return bool(batch.forward_mode.is_decode())
 
 
-def _prefilled(batch) -> tuple[int, int]:
-    """What a prefill (or mixed) batch computed: its new tokens, and the token pairs its attention
-    did (``e^2 + 2ep`` per request: ``e`` new tokens behind a cached prefix ``p``), which the
-    engine's prefill cost is fitted to."""
+def _prefilled(batch, loaded: int = 0) -> tuple[int, int, int]:
+    """What a prefill (or mixed) batch computed: its new tokens, the token pairs its attention did
+    (``e^2 + 2ep`` per request: ``e`` new tokens behind a cached prefix ``p``), and ``loaded``, the
+    host tokens its selection loaded back, which the engine's prefill cost is fitted to."""
     if batch is None or batch.forward_mode is None or batch.forward_mode.is_decode() or not batch.extend_lens:
-        return 0, 0
+        return 0, 0, 0
     prefixes = batch.prefix_lens or [0] * len(batch.extend_lens)
     pairs = sum(e * (e + 2 * p) for e, p in zip(batch.extend_lens, prefixes))
-    return int(sum(batch.extend_lens)), int(pairs)
+    return int(sum(batch.extend_lens)), int(pairs), loaded
 
 
 class Admission:
@@ -216,7 +216,8 @@ class SchedulerBinding:
         # the time between two iterations is then the batch launched before the last one (on a
         # CPU, or without overlap, the last one: its forward returns when it is done)
         self.forward_is_async = bool(scheduler.enable_overlap) and getattr(scheduler, "device", "cpu") != "cpu"
-        self._launched: tuple[Optional[bool], tuple[int, int]] = (None, (0, 0))
+        self._launched: tuple[Optional[bool], tuple[int, int, int]] = (None, (0, 0, 0))
+        self._loaded = 0  # host tokens the last selection loaded back for the batch it made
         self.admission = Admission(scheduler, cache)
         self._waiting_programs: Optional[set[str]] = None
         self._next_check = 0.0
@@ -315,13 +316,13 @@ class SchedulerBinding:
         """The turns the selection took hold their prefix now: they consume their pins before
         anything is shed for a turn the same selection refused."""
         if plan.batch_to_run is not None:
-            for req in plan.batch_to_run.reqs:
-                self.cache.request_admitted(req)
+            self._loaded = sum(self.cache.request_admitted(req) for req in plan.batch_to_run.reqs)
         return plan
 
     def get_next_batch_to_run(self, running_batch, last_batch):
         self._waiting_programs = None
-        ran, prefilled = _batch_mode(last_batch), _prefilled(last_batch)
+        ran, prefilled = _batch_mode(last_batch), _prefilled(last_batch, self._loaded)
+        self._loaded = 0  # a selection below (if any) is the next batch's
         if self.forward_is_async:
             (ran, prefilled), self._launched = self._launched, (ran, prefilled)
         if self.cache.step(self.now(), self.program_waiting, ran=ran, prefilled=prefilled):

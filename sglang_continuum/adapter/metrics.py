@@ -42,6 +42,7 @@ def gauge_values(
         "oldest_wait_seconds": oldest_wait_s,
         "host_pinned_programs": len(host),
         "host_pinned_tokens": host.pinned_tokens,
+        "host_load_seconds_per_token": controller.door.engine.prefill.load_seconds_per_token() or 0.0,
         "stats_peers": stats_peers,
     }
 

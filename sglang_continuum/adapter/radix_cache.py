@@ -113,13 +113,16 @@ class ContinuumRadixCache(UnifiedRadixCache):
             bandwidth = profile.host_bytes_per_s
         reload = self.host_tier.reload_cost(bandwidth)
         budget = int(self.host_tier.capacity_tokens * HOST_PIN_BUDGET_FRACTION)
-        self.controller.attach_host_tier(reload=reload, host_budget_tokens=budget, hold_cost=self.host_tier.hold_cost)
+        self.controller.attach_host_tier(
+            reload=reload, host_budget_tokens=budget, hold_cost=self.host_tier.hold_cost, learn_reload=bandwidth is None
+        )
         logger.info(
             "continuum: HiCache host tier (write policy %s, %d host tokens, host pin budget %d, "
-            "reload %.0f MB/s at %d bytes/token, offload %s)",
+            "reload %s %.0f MB/s at %d bytes/token, offload %s)",
             self.host_tier.write_policy,
             self.host_tier.capacity_tokens,
             budget,
+            "learned from the engine's loads, until then" if bandwidth is None else "at",
             reload.bytes_per_s / 1e6,
             reload.bytes_per_token,
             "on" if self.settings.offload_to_host else "off",
@@ -172,20 +175,23 @@ class ContinuumRadixCache(UnifiedRadixCache):
             return None
         return int(found.device_prefix_len) + int(found.host_hit_length or 0)
 
-    def request_admitted(self, req: Req) -> None:
-        """``req`` was just taken into a prefill batch and holds its own lock on its prefix."""
+    def request_admitted(self, req: Req) -> int:
+        """``req`` was just taken into a prefill batch and holds its own lock on its prefix.
+        Returns the tokens its admission loaded back from host (its batch waits on them)."""
+        host_loaded = int(getattr(req, "host_loaded_length", 0) or 0)
         live = self.lifecycle.admitted(req.rid)
         if live is None:  # back after a retraction (admitted once already), or not ours
-            return
+            return 0
         self.turn_admitted(
             live.tag,
             len(req.origin_input_ids),
-            host_loaded=int(getattr(req, "host_loaded_length", 0) or 0),
+            host_loaded=host_loaded,
             cached=int(getattr(req, "prefix_len", 0) or 0),
             probe=req.rid.startswith(HEALTH_CHECK_RID_PREFIX),
         )
         if self.runtime.event_log is not None:
             self.runtime.event_log.admitted(req.rid, self.step_clock(), self.controller.last_admission)
+        return host_loaded
 
     def finish(self, handle: CacheRequestHandle, outcome: CacheRequestOutcome) -> None:
         super().finish(handle, outcome)
@@ -291,11 +297,11 @@ class ContinuumRadixCache(UnifiedRadixCache):
         program_waiting: Callable[[str], bool],
         *,
         ran: Optional[bool] = None,
-        prefilled: tuple[int, int] = (0, 0),
+        prefilled: tuple[int, ...] = (0, 0),
     ) -> bool:
         """Once per scheduler iteration: advance the clock, tell the engine's timings what ran
         since the last one (``ran``: True decode, False a prefill, None nothing; ``prefilled``: its
-        new tokens and attention pairs) and execute the controller's step plan (expiry, offload);
+        new tokens, attention pairs and tokens loaded from host) and execute the controller's step plan (expiry, offload);
         first turns known single-shot give their pins back; the runtime shares and saves
         statistics. Returns whether device memory was given back."""
         self.step_clock.set(now)

@@ -32,7 +32,7 @@ from sglang_continuum.core.counters import (
 )
 from sglang_continuum.core.host_pins import HostPins
 from sglang_continuum.core.metadata import ProgramMeta
-from sglang_continuum.core.offload import ReloadCost
+from sglang_continuum.core.offload import LearnedReload, ReloadCost
 from sglang_continuum.core.pinning import Pinning
 from sglang_continuum.core.pins import Pin, PinTable
 from sglang_continuum.core.priority import Waiting, context_gone, returning_context
@@ -97,11 +97,15 @@ class ContinuumController:
         self.share_sample: Optional[Callable[[str, str, float], None]] = None
         self.last_admission: Optional[AdmissionRecord] = None  # the latest turn_admitted's record
 
-    def attach_host_tier(self, *, reload: ReloadCost, host_budget_tokens: int, hold_cost: float) -> None:
+    def attach_host_tier(
+        self, *, reload: ReloadCost, host_budget_tokens: int, hold_cost: float, learn_reload: bool = False
+    ) -> None:
         """HiCache is on: misses reload instead of recomputing, and host pins may hold
-        ``host_budget_tokens`` of the host pool."""
-        self.host.attach(reload, host_budget_tokens)
-        self.ttl_model.use_host_tier(reload, hold_cost, self.timings.max_host_ttl_s)
+        ``host_budget_tokens`` of the host pool. ``learn_reload``: no bandwidth was measured, so a
+        reload costs what the engine's own steps pay for their loads (``reload`` until they say)."""
+        cost = LearnedReload(reload, self.door.engine.prefill.load_seconds_per_token) if learn_reload else reload
+        self.host.attach(cost, host_budget_tokens)
+        self.ttl_model.use_host_tier(cost, hold_cost, self.timings.max_host_ttl_s)
         self.door.use_host_tier()
 
     # -- events --------------------------------------------------------------------------

@@ -14,9 +14,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Optional
 
 from sglang_continuum.core.counters import HostCounters
-from sglang_continuum.core.offload import ReloadCost
 from sglang_continuum.core.pins import Pin, PinTable, Tier
-from sglang_continuum.core.ttl import TTLModel, TTLQuery
+from sglang_continuum.core.ttl import Reload, TTLModel, TTLQuery
 from sglang_continuum.core.turns import FinishOutcome
 
 if TYPE_CHECKING:
@@ -39,13 +38,13 @@ class HostPins:
         self.offload_to_host = offload_to_host
         self.pins = PinTable(0)  # empty budget until attached
         self.counters = HostCounters()
-        self.reload_cost: Optional[ReloadCost] = None
+        self.reload_cost: Optional[Reload] = None
 
     @property
     def attached(self) -> bool:
         return self.reload_cost is not None
 
-    def attach(self, reload: ReloadCost, budget_tokens: int) -> None:
+    def attach(self, reload: Reload, budget_tokens: int) -> None:
         """HiCache is on: misses reload instead of recomputing; host pins may hold
         ``budget_tokens`` of the host pool."""
         self.reload_cost = reload

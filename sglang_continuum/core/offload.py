@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -45,6 +45,27 @@ class ReloadCost:
 
     def seconds(self, tokens: int) -> float:
         return self.latency_s + max(0, tokens) * self.bytes_per_token / self.bytes_per_s
+
+
+class LearnedReload:
+    """The reload cost the engine's own steps show (``EngineTime``: what a prefill step pays per
+    token it loaded from host), ``guess``'s until enough loads were seen. Used where no bandwidth
+    was measured: the transfer a load adds to a step, not the link's bandwidth, is the price, and
+    a copy the forward hides behind its compute costs nothing."""
+
+    def __init__(self, guess: ReloadCost, seconds_per_token: Callable[[], Optional[float]]) -> None:
+        self.guess = guess
+        self._seconds_per_token = seconds_per_token
+
+    @property
+    def learned(self) -> bool:
+        return self._seconds_per_token() is not None
+
+    def seconds(self, tokens: int) -> float:
+        per_token = self._seconds_per_token()
+        if per_token is None:
+            return self.guess.seconds(tokens)
+        return self.guess.latency_s + max(0, tokens) * per_token
 
 
 def remaining_samples(sorted_samples: np.ndarray, elapsed: float) -> np.ndarray:

@@ -105,6 +105,7 @@ ttl_seconds                   | histogram | ttl                                 
 # host tier (HiCache)
 host_pinned_programs          | gauge     | gauge.host_pinned_programs          | host | Programs whose host copy is protected.
 host_pinned_tokens            | gauge     | gauge.host_pinned_tokens            | host | Host tokens protected by host pins.
+host_load_seconds_per_token   | gauge     | gauge.host_load_seconds_per_token   | host | The engine's cost per token loaded back from host, c3 (a fourth term of the prefill fit, c3 * loaded, on the steps whose selection loaded host KV; 0 until 4,096 loaded tokens in 4 steps are seen): what a reload costs where no host bandwidth is measured (host_bandwidth_bytes_per_s or the prefill profile's); a copy the forward hides costs 0.
 offloads                      | counter   | host.offloaded                      | host | Expired or shed pins whose prefix went to a protected host copy.
 offload_failures              | counter   | host.offload_failed                 | host | Offloads that found no host room.
 host_hits                     | counter   | host.host_hits                      | host | Returning turns that loaded their prefix back from host.

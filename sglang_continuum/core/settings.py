@@ -62,7 +62,7 @@ class ContinuumSettings(BaseModel):
     host_bandwidth_bytes_per_s: Optional[float] = Field(
         None,
         gt=0,
-        description="host-to-device bandwidth for the reload cost (unset: the prefill profile's, else 6 GB/s)",
+        description="host-to-device bandwidth for the reload cost (unset: the prefill profile's, else learned from the engine's loads)",
     )
     # tool statistics: warm start and sharing between workers
     stats_path: Optional[str] = Field(

@@ -132,6 +132,35 @@ def test_without_a_profile_the_plugin_fits_the_prefill_cost_the_emulated_device_
     assert fitted == pytest.approx(PROFILE["coeffs"], rel=1e-6)
 
 
+def test_without_a_bandwidth_the_plugin_learns_what_a_host_load_costs_the_emulated_device(tmp_path):
+    """HiCache without a prefill profile or a host bandwidth (a plain launch): the plugin fits what
+    a prefill step pays per token its selection loaded back from host, and gets the emulated
+    device's transfer time (128 KiB a token at 10 GB/s), with the prefill's own three terms."""
+    sizes = [(3000, 400, 800, 300), (2500, 900, 300, 500), (3500, 200, 600, 400), (2000, 1200, 500, 200),
+             (3000, 700, 200, 600), (2800, 300, 900, 100), (2200, 500, 500, 500), (3300, 600, 100, 700)]  # fmt: skip
+    programs = [
+        Program(
+            program_id=f"p{i}",
+            turns=[
+                Turn(append_tokens=n, output_tokens=6, tool="bash", tool_duration_s=2.0 + 0.3 * i) for n in appends[:-1]
+            ]
+            + [Turn(append_tokens=appends[-1], output_tokens=6)],
+        )
+        for i, appends in enumerate(sizes)
+    ]
+    workload = dump_workload(programs, tmp_path / "loads.jsonl")
+    run = _emulate(tmp_path, workload, "continuum+hicache", pool=6000, jps=2.0, server_args="--hicache-ratio 6",
+                   env=["SGLANG_CONTINUUM_PREFILL_PROFILE="])  # fmt: skip
+    assert run["emulator"]["host_transfers"]["loaded_tokens"] > 20_000  # returns came back from host
+    learned = _series(run, "sglang:continuum_host_load_seconds_per_token")
+    assert learned == pytest.approx(PROFILE["kv_bytes_per_token"] / PROFILE["host_bytes_per_s"], rel=1e-6)
+    fitted = [
+        _series(run, f"sglang:continuum_{name}")
+        for name in ("prefill_step_seconds", "prefill_seconds_per_token", "prefill_seconds_per_pair")
+    ]
+    assert fitted == pytest.approx(PROFILE["coeffs"], rel=1e-6)
+
+
 def test_a_turn_reaching_an_idle_server_is_stamped_when_it_arrives_not_at_the_last_step(tmp_path):
     # One program whose tools take 2 s and whose misses cost ~0.1 s: the plugin must measure 2 s
     # tool times (no pin pays) and no wait. Stamped with the last busy step's time (the emulator

@@ -247,6 +247,74 @@ def test_the_prefill_fit_recovers_a_step_cost_a_token_cost_and_an_attention_cost
     engine.check_integrity()
 
 
+def test_the_prefill_fit_learns_what_a_step_pays_per_token_it_loaded_from_host():
+    """Steps timed as the prefill's three terms plus 13.1 us a token loaded back from host (a 128 KiB
+    token at 10 GB/s), on some steps: the fit gives back the four, the prefill's three as without
+    loads; until 4,096 tokens in 4 loading steps are seen it says nothing of loads."""
+    from sglang_continuum.core.engine_time import MIN_LOAD_STEPS, EngineTime
+
+    engine, now = EngineTime(), 0.0
+    engine.step(now, None)
+    shapes = [(512, 8000, 0), (2048, 0, 3000), (256, 30000, 0), (4096, 4096, 9000), (1024, 16000, 0), (8192, 0, 500)]
+    loads = 0
+    for e, p, loaded in shapes * 3:
+        pairs = e * (e + 2 * p)
+        now += 0.010 + 30e-6 * e + 1e-9 * pairs + 13.1e-6 * loaded
+        engine.step(now, False, (e, pairs, loaded))
+        loads += loaded > 0
+        if loads < MIN_LOAD_STEPS:
+            assert engine.prefill.load_seconds_per_token() is None
+        now += 0.05
+        engine.step(now, True)  # a decode step
+    assert engine.prefill.coefficients() == pytest.approx((0.010, 30e-6, 1e-9), rel=1e-6)
+    assert engine.prefill.load_seconds_per_token() == pytest.approx(13.1e-6, rel=1e-6)
+    engine.check_integrity()
+
+
+def test_a_load_the_forward_hides_costs_nothing_and_without_loads_the_fit_is_the_three_term_one():
+    """Loads that do not lengthen their steps (a copy overlapped with the compute) are priced at 0;
+    steps that never loaded fit exactly as before the load term existed."""
+    from sglang_continuum.core.engine_time import EngineTime
+
+    with_loads, without = EngineTime(), EngineTime()
+    for engine in (with_loads, without):
+        engine.step(0.0, None)
+    now = 0.0
+    for i, (e, p) in enumerate([(512, 8000), (2048, 0), (256, 30000), (4096, 4096), (1024, 16000), (8192, 0)] * 2):
+        pairs = e * (e + 2 * p)
+        now += 0.010 + 30e-6 * e + 1e-9 * pairs
+        with_loads.step(now, False, (e, pairs, 2000 * (i % 3)))
+        without.step(now, False, (e, pairs))
+    assert with_loads.prefill.load_seconds_per_token() == pytest.approx(0.0, abs=1e-12)
+    assert without.prefill.load_seconds_per_token() is None
+    assert with_loads.prefill.coefficients() == pytest.approx(without.prefill.coefficients(), rel=1e-9)
+    assert without.prefill.coefficients() == pytest.approx((0.010, 30e-6, 1e-9), rel=1e-6)
+
+
+def test_without_a_measured_bandwidth_a_reload_is_priced_at_what_the_engines_loads_cost(tmp_path):
+    """With HiCache and no bandwidth measured, a miss costs the guessed transfer until the engine's
+    steps show what a loaded token costs, then that; a configured bandwidth is never overridden."""
+    from sglang_continuum.core.clock import ManualClock
+    from sglang_continuum.core.controller import ContinuumController
+    from sglang_continuum.core.offload import ReloadCost
+    from sglang_continuum.core.settings import ContinuumSettings
+
+    guess = ReloadCost(bytes_per_token=1000, bytes_per_s=1e9)  # 1 us a token
+    for learn in (True, False):
+        c = ContinuumController(ContinuumSettings(), clock=ManualClock())
+        c.attach_host_tier(reload=guess, host_budget_tokens=10_000, hold_cost=0.5, learn_reload=learn)
+        assert c.ttl_model.rebuild_s(10_000) == pytest.approx(guess.seconds(10_000))
+        engine, now = c.door.engine, 0.0
+        engine.step(now, None)
+        for i in range(12):  # 20 us a prefilled token, 5 us a loaded one
+            e, loaded = 1024 * (1 + i % 3), 3000 * (i % 2)
+            now += 20e-6 * e + 5e-6 * loaded
+            engine.step(now, False, (e, e * e, loaded))
+        expected = guess.latency_s + 5e-6 * 10_000 if learn else guess.seconds(10_000)
+        assert c.ttl_model.rebuild_s(10_000) == pytest.approx(expected)
+        c.check_integrity()
+
+
 def test_the_prefill_fit_keeps_its_coefficients_non_negative():
     """Steps whose time does not grow with attention (a noisy engine) would fit a negative pair
     cost: the fit drops that term instead."""

@@ -83,9 +83,13 @@ def emulate(
         latency.check_host_transfers()
         extra_flags = engine.hicache_flags(extra_flags, max_total_tokens, latency.kv_bytes_per_token)
         # the plugin's reload cost reads the host pool's bytes per token, the accounting model's
-        # 64: scale the bandwidth so that its transfer times are the profiled model's
-        real = values.get("host_bandwidth_bytes_per_s") or latency.host_bytes_per_s
-        values["host_bandwidth_bytes_per_s"] = real * engine.ACCOUNTING_KV_BYTES_PER_TOKEN / latency.kv_bytes_per_token
+        # 64: scale the bandwidth so that its transfer times are the profiled model's. Without a
+        # prefill profile or a bandwidth (a plain launch) the plugin learns it from the loads.
+        real = values.get("host_bandwidth_bytes_per_s") or (values.get("prefill_profile") and latency.host_bytes_per_s)
+        if real:
+            values["host_bandwidth_bytes_per_s"] = (
+                real * engine.ACCOUNTING_KV_BYTES_PER_TOKEN / latency.kv_bytes_per_token
+            )
     if sessions is not None:
         marks = (sessions.warmup_s, sessions.end_s)
     clock = ManualClock(0.0)
