@@ -132,3 +132,34 @@ def test_plots_are_drawn_against_n_and_only_for_a_sweep(tmp_path):
     sweep = aggregate([_run(p, n, 1, 100.0 + n) for p in ("fcfs", "continuum") for n in (16, 96)])
     assert [p.name for p in plots(sweep, tmp_path)] == ["throughput.png", "ttft-p90.png"]
     assert all(p.stat().st_size > 0 for p in tmp_path.iterdir())
+
+
+def test_the_doors_holds_give_the_longest_park_and_pause_from_the_plugins_admission_records():
+    """A first turn the door held is parked, a later one paused; a turn that waited in the queue
+    without being held is neither, and a run without the plugin's records reports none."""
+    from continuum_lab.bench.sessions import held_back_turns
+
+    protocol = SessionsProtocol(concurrency=2, window_s=100.0, warmup_s=10.0)
+    a = ProgramRecord("a", 12.0, start=12.0, turns=[
+        _turn("a", 0, 12.0, 52.0, 53.0, prompt=100, cached=0, queue=40.0),  # parked 40 s
+        _turn("a", 1, 60.0, 85.0, 86.0, prompt=200, cached=0, queue=25.0),  # paused 25 s
+    ])  # fmt: skip
+    b = ProgramRecord("b", 12.0, start=12.0, turns=[
+        _turn("b", 0, 12.0, 13.0, 14.0, prompt=100, cached=0),
+        _turn("b", 1, 20.0, 70.0, 71.0, prompt=200, cached=0, queue=50.0),  # queued 50 s, never held
+    ])  # fmt: skip
+    records = [  # the plugin's: turns counted from 1
+        {"event": "admitted", "program_id": "a", "turn": 1, "held_back": True},
+        {"event": "admitted", "program_id": "a", "turn": 2, "held_back": True},
+        {"event": "admitted", "program_id": "b", "turn": 1, "held_back": False},
+        {"event": "admitted", "program_id": "b", "turn": 2, "held_back": False},
+        {"event": "admitted", "program_id": None, "turn": 1, "held_back": True},  # no program: never parked
+    ]
+    held = held_back_turns(records)
+    assert held == [("a", 0), ("a", 1)]
+    f = window_figures(ReplayResult([a, b], 110.0), protocol, held_back=held)
+    assert f["longest_park_s"] == pytest.approx(40.0)
+    assert f["longest_pause_s"] == pytest.approx(25.0) and f["turns_paused"] == 1
+    assert f["longest_later_turn_wait_s"] == pytest.approx(50.0)  # b's queueing is not a pause
+    plain = window_figures(ReplayResult([a, b], 110.0), protocol)
+    assert "longest_pause_s" not in plain and "turns_paused" not in plain

@@ -86,9 +86,23 @@ def _time_mean(spans: list[tuple[float, float, float]], lo: float, hi: float) ->
     return sum(w * max(0.0, min(end, hi) - max(start, lo)) for start, end, w in spans) / (hi - lo)
 
 
-def window_figures(result: ReplayResult, protocol: SessionsProtocol, counters: Optional[dict] = None) -> dict:
+def held_back_turns(records: Sequence[dict]) -> list[tuple[str, int]]:
+    """The turns the plugin's door held at least once, ``(program, turn index from 0)``, from its
+    admission records (``bench.events.read_admission_log``): a first turn held is *parked*, a later
+    one *paused*."""
+    return sorted({(r["program_id"], r["turn"] - 1) for r in records if r.get("held_back") and r.get("program_id")})
+
+
+def window_figures(
+    result: ReplayResult,
+    protocol: SessionsProtocol,
+    counters: Optional[dict] = None,
+    held_back: Optional[Sequence[Sequence]] = None,
+) -> dict:
     """Figures over the window. ``counters``: the engine's cumulative counters (host tokens loaded
-    and written, busy seconds) at the window's start and end (``{"start": {...}, "end": {...}}``)."""
+    and written, busy seconds) at the window's start and end (``{"start": {...}, "end": {...}}``).
+    ``held_back``: the turns the door held (``held_back_turns``), which add the longest park and
+    pause; a turn still waiting at the window's end has no record and counts in neither."""
     lo, hi = protocol.warmup_s, protocol.end_s
     finished, sent = [], []
     # (seconds waited by the window's end or until admitted, turn index, program): turns waiting in the window
@@ -156,6 +170,13 @@ def window_figures(result: ReplayResult, protocol: SessionsProtocol, counters: O
         "running_turn_prompt_tokens": _time_mean(running, lo, hi) / turns_running if turns_running else None,
         "returning_turns_waiting_mean": _time_mean(returns_waiting, lo, hi),
     }
+    if held_back is not None:
+        held = {(program_id, turn) for program_id, turn in held_back}
+        parks = [w for w, turn, pid in waits if turn == 0 and (pid, turn) in held]
+        pauses = [w for w, turn, pid in waits if turn > 0 and (pid, turn) in held]
+        figures["longest_park_s"] = max(parks, default=None)
+        figures["longest_pause_s"] = max(pauses, default=None)
+        figures["turns_paused"] = len(pauses)
     if counters is not None and "start" in counters and "end" in counters:
         start, end = counters["start"], counters["end"]
         for key in end:

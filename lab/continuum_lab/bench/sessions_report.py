@@ -31,6 +31,10 @@ COLUMNS = (
     ("host_loaded_tokens_in_window", "host loads Mtok", "{:.1f}"),
     ("longest_wait_s", "longest wait s", "{:.1f}"),
     ("longest_program_wait_s", "longest program wait s", "{:.1f}"),
+    # the door's holds (continuum): a first turn parked, a return paused at its turn boundary
+    ("longest_park_s", "longest park s", "{:.1f}"),
+    ("longest_pause_s", "longest pause s", "{:.1f}"),
+    ("turns_paused", "turns paused", "{:.0f}"),
     ("first_turns_waiting_at_end", "first turns waiting at end", "{:.0f}"),
     # time averages over the window: where the throughput goes
     ("sessions_admitted_mean", "sessions admitted", "{:.1f}"),

@@ -9,10 +9,11 @@ import time
 from typing import Iterable, Iterator, Optional
 
 from continuum_lab.bench import sessions_report
+from continuum_lab.bench.events import read_admission_log
 from continuum_lab.bench.policies import parse_policy
 from continuum_lab.bench.replay import Replayer, ReplayResult
 from continuum_lab.bench.report import emulated_loops
-from continuum_lab.bench.sessions import SessionsProtocol, session_programs, window_figures
+from continuum_lab.bench.sessions import SessionsProtocol, held_back_turns, session_programs, window_figures
 from continuum_lab.cli.emulated_runs import emulator_figures
 from continuum_lab.harness.server import SGLangServer, on_cores
 
@@ -34,9 +35,12 @@ def server_runs(grid, args, programs, server_args: list[str], env: dict, server_
         protocol = protocol_of(args, int(n))
         flags, policy_env = parse_policy(policy, cpu=not args.gpu)
         log = args.out / f"server-{policy}-n{n:g}-s{seed}-r{repeat}.log"
+        events = (args.out / f"events-{policy}-n{n:g}-s{seed}-r{repeat}.jsonl").resolve()
+        events.unlink(missing_ok=True)
         replayer = Replayer("", api=args.api, vocab=args.vocab, seed=seed, identity=args.identity,
                             scrape_at=(protocol.warmup_s,))  # fmt: skip
-        with SGLangServer(args.model, [*flags, *server_args], env={**policy_env, **env}, log_path=log,
+        server_env = {**policy_env, **env, "SGLANG_CONTINUUM_EVENT_LOG": str(events)}
+        with SGLangServer(args.model, [*flags, *server_args], env=server_env, log_path=log,
                           cpu=not args.gpu, cpus=server_cpus) as server:  # fmt: skip
             replayer.url = server.url
             with on_cores(client_cpus):
@@ -44,12 +48,15 @@ def server_runs(grid, args, programs, server_args: list[str], env: dict, server_
                 result = asyncio.run(
                     replayer.run_sessions(source, protocol.concurrency, protocol.start_times(), protocol.end_s)
                 )
+            time.sleep(0.5)  # the event log is flushed when the engine idles, once the window's turns are gone
             server.stop(graceful=False)
         warm = result.metrics_at.get(f"{protocol.warmup_s:g}", "")
         counters = {"start": {"host_loaded_tokens": _series(warm, LOADED)},
                     "end": {"host_loaded_tokens": _series(result.metrics_after, LOADED)}}  # fmt: skip
-        figures = window_figures(result, protocol, counters)
-        window = {"protocol": protocol.to_dict(), "counters": counters, "figures": figures}
+        records = read_admission_log(events)  # flushed when the server went idle after its last step
+        held = held_back_turns(records) if records else None  # None: no plugin, no door
+        figures = window_figures(result, protocol, counters, held)
+        window = {"protocol": protocol.to_dict(), "counters": counters, "figures": figures, "held_back": held}
         run = {"policy": policy, "seed": seed, "sessions": window, "replay": result.to_dict()}
         # the records stay beside the server's log, as an emulated run's do: figures defined later
         # can be computed from them
@@ -65,7 +72,7 @@ def _figures(run: dict) -> dict:
     if "replay" not in run:
         return window["figures"]
     protocol = SessionsProtocol(**window["protocol"])
-    return window_figures(ReplayResult.from_dict(run["replay"]), protocol, window["counters"])
+    return window_figures(ReplayResult.from_dict(run["replay"]), protocol, window["counters"], window.get("held_back"))
 
 
 def run_grid(runs: Iterable[dict], args, programs, pool: int, profile: Optional[str], command: str) -> int:

@@ -148,17 +148,20 @@ def emulate(
             log = getattr(scheduler.tree_cache, "event_log", None)
             if log is not None:
                 log.flush()
-        admissions = summarize_admissions(read_admission_log(event_log))
+        records = read_admission_log(event_log)
+        admissions = summarize_admissions(records)
     window = None
     if sessions is not None:
-        from continuum_lab.bench.sessions import window_figures
+        from continuum_lab.bench.sessions import held_back_turns, window_figures
 
         at = driver.counters_at
         counters = {"start": at.get(sessions.warmup_s, {}), "end": at[sessions.end_s]}
+        held = held_back_turns(records) if records else None  # None: no plugin, no door
         window = {
             "protocol": sessions.to_dict(),
             "counters": counters,
-            "figures": window_figures(result, sessions, counters),
+            "figures": window_figures(result, sessions, counters, held),
+            "held_back": held,
         }
     return {
         "policy": policy,
