@@ -103,6 +103,14 @@ def expired_pin_goes_to_host_and_next_turn_loads_it_back(tiny_model, write_polic
     assert cache.admission_capacity_tokens() == (POOL + host if write_policy == "write_back" else host)
     rng = random.Random(7)
     seen = {}
+    steps = []  # what each scheduler iteration told the engine's timings ran since the last one
+    engine_step = cache.controller.door.engine.step
+
+    def timed(now, ran, prefilled=(0, 0)):
+        steps.append((ran, prefilled))
+        engine_step(now, ran, prefilled)
+
+    cache.controller.door.engine.step = timed
 
     def tool_call():
         pin = cache.controller.pins.get("P")
@@ -123,6 +131,9 @@ def expired_pin_goes_to_host_and_next_turn_loads_it_back(tiny_model, write_polic
     assert turn2.cached_tokens == len(previous) - 1
     counters = cache.controller.host.counters
     assert counters.host_hits == 1 and counters.host_hit_tokens == turn2.host_loaded_length
+    # the prefill batch that waited on the load was reported with it: the engine's fit prices a reload
+    timed_loads = [prefilled[2] for ran, prefilled in steps if ran is False and len(prefilled) > 2 and prefilled[2]]
+    assert timed_loads == [turn2.host_loaded_length], timed_loads
     assert len(cache.controller.host.pins) == 0  # the last step released the host copy
     assert_nothing_held(cache)
 
