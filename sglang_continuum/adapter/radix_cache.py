@@ -301,9 +301,9 @@ class ContinuumRadixCache(UnifiedRadixCache):
     ) -> bool:
         """Once per scheduler iteration: advance the clock, tell the engine's timings what ran
         since the last one (``ran``: True decode, False a prefill, None nothing; ``prefilled``: its
-        new tokens, attention pairs and tokens loaded from host) and execute the controller's step plan (expiry, offload);
-        first turns known single-shot give their pins back; the runtime shares and saves
-        statistics. Returns whether device memory was given back."""
+        new tokens, attention pairs and tokens loaded from host) and execute the controller's step
+        plan (expiry, offload); first turns known single-shot give their pins back; the runtime
+        shares and saves statistics. Returns whether device memory was given back."""
         self.step_clock.set(now)
         self.controller.door.engine.step(self.step_clock(), ran, prefilled)
         plan = self.controller.step(program_waiting)

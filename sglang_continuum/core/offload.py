@@ -57,10 +57,6 @@ class LearnedReload:
         self.guess = guess
         self._seconds_per_token = seconds_per_token
 
-    @property
-    def learned(self) -> bool:
-        return self._seconds_per_token() is not None
-
     def seconds(self, tokens: int) -> float:
         per_token = self._seconds_per_token()
         if per_token is None:
