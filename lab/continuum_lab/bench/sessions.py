@@ -86,10 +86,12 @@ def _time_mean(spans: list[tuple[float, float, float]], lo: float, hi: float) ->
     return sum(w * max(0.0, min(end, hi) - max(start, lo)) for start, end, w in spans) / (hi - lo)
 
 
-def held_back_turns(records: Sequence[dict]) -> list[tuple[str, int]]:
+def held_back_turns(records: Sequence[dict]) -> Optional[list[tuple[str, int]]]:
     """The turns the plugin's door held at least once, ``(program, turn index from 0)``, from its
     admission records (``bench.events.read_admission_log``): a first turn held is *parked*, a later
-    one *paused*."""
+    one *paused*. None without records: no plugin, no door."""
+    if not records:
+        return None
     return sorted({(r["program_id"], r["turn"] - 1) for r in records if r.get("held_back") and r.get("program_id")})
 
 

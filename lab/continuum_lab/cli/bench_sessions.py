@@ -54,7 +54,7 @@ def server_runs(grid, args, programs, server_args: list[str], env: dict, server_
         counters = {"start": {"host_loaded_tokens": _series(warm, LOADED)},
                     "end": {"host_loaded_tokens": _series(result.metrics_after, LOADED)}}  # fmt: skip
         records = read_admission_log(events)  # flushed when the server went idle after its last step
-        held = held_back_turns(records) if records else None  # None: no plugin, no door
+        held = held_back_turns(records)
         figures = window_figures(result, protocol, counters, held)
         window = {"protocol": protocol.to_dict(), "counters": counters, "figures": figures, "held_back": held}
         run = {"policy": policy, "seed": seed, "sessions": window, "replay": result.to_dict()}

@@ -156,7 +156,7 @@ def emulate(
 
         at = driver.counters_at
         counters = {"start": at.get(sessions.warmup_s, {}), "end": at[sessions.end_s]}
-        held = held_back_turns(records) if records else None  # None: no plugin, no door
+        held = held_back_turns(records)
         window = {
             "protocol": sessions.to_dict(),
             "counters": counters,
