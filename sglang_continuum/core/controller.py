@@ -170,7 +170,8 @@ class ContinuumController:
         overdue = self.is_overdue(tag)
         pid = tag.meta.program_id if tag.meta.has_program else None
         state = self.programs.get(pid) if pid is not None else None
-        if cached_tokens is not None and state is not None and state.turns_admitted > 0:
+        returning = state is not None and state.turns_admitted > 0
+        if cached_tokens is not None and returning:
             self.bounded.observe_return(state.context_tokens, context_tokens, cached_tokens)
         self.last_admission = AdmissionRecord(
             tag.meta.program_id,
@@ -183,6 +184,8 @@ class ContinuumController:
             pid is not None and pid in self.pins,
             cached_tokens,
             self.bounded.return_loss.ratio,
+            state.context_tokens if returning else None,
+            state.pin_end if returning else None,
         )
         self.admission.admitted += 1
         if not probe:

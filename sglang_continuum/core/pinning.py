@@ -20,7 +20,17 @@ from typing import Callable, Optional, Sequence
 from sglang_continuum.core.counters import PinCounters, ShedCounters
 from sglang_continuum.core.door import Door
 from sglang_continuum.core.pins import Pin, PinSurvival, PinTable, Tier
-from sglang_continuum.core.programs import ProgramRegistry, ProgramState
+from sglang_continuum.core.programs import (
+    PIN_EXPIRED,
+    PIN_FLUSHED,
+    PIN_KEPT,
+    PIN_NONE,
+    PIN_REFUSED,
+    PIN_RELEASED,
+    PIN_SHED,
+    ProgramRegistry,
+    ProgramState,
+)
 from sglang_continuum.core.shedding import Shedding, Spare
 from sglang_continuum.core.silence import Silence
 from sglang_continuum.core.ttl import TTLModel, TTLQuery
@@ -58,7 +68,7 @@ class Pinning:
         pid = state.program_id
         resident = self.door.resident_ttl(tool, now, context_tokens)
         out.ttl = ttl = min(max(self.ttl_model.ttl(TTLQuery(tool, context_tokens)), resident), self.max_ttl_s)
-        state.let_go = True  # until a pin is stored
+        state.pin_end = PIN_NONE  # until a pin is stored
         if ttl <= 0:
             logger.debug("continuum: program=%s tool=%s ttl=0; no pin", pid, tool)
             return
@@ -71,13 +81,14 @@ class Pinning:
             out.release.append(stale)
         stored, released = self.pins.add(pin, resident=resident > 0)
         if stored:
-            state.let_go = False
+            state.pin_end = PIN_KEPT
             self.counters.created += 1
             self.silence.pinned(pin, state)
             out.pin = pin
             logger.debug("continuum: pin program=%s tool=%s ttl=%.3fs tokens=%d", pid, tool, ttl, context_tokens)
         else:
             self.counters.refused += 1
+            state.pin_end = PIN_REFUSED
             logger.debug("continuum: program=%s pin refused (budget)", pid)
         for victim in released:  # pins of later programs pushed out of the budget
             self.count_shed(victim, "budget")
@@ -104,6 +115,7 @@ class Pinning:
         pin = self.pins.pop(program_id)
         if pin is not None:
             self.counters.released += 1
+            self._ended(pin, PIN_RELEASED)
         return pin
 
     def expire(self, now: float, hold: Callable[[Pin], Optional[float]]) -> list[Pin]:
@@ -112,7 +124,7 @@ class Pinning:
         expired = self.pins.pop_expired(now, hold)
         self.counters.expired += len(expired)
         for pin in expired:
-            state = self.programs.get(pin.program_id)
+            state = self._ended(pin, PIN_EXPIRED)
             if state is not None and state.in_flight > 0:  # its turn still waits: its wait is a sample of T
                 state.pin_lost_waiting = True
             self.door.kept_nothing(state)  # not back within its TTL
@@ -133,7 +145,7 @@ class Pinning:
     def count_shed(self, pin: Pin, reason: str) -> None:
         self.counters.shed += 1
         setattr(self.sheds, reason, getattr(self.sheds, reason) + 1)
-        state = self.programs.get(pin.program_id)
+        state = self._ended(pin, PIN_SHED + reason)
         if state is None:
             return
         if state.in_flight > 0:  # its next turn is already waiting: that turn now misses
@@ -150,7 +162,17 @@ class Pinning:
 
     def flushed(self) -> None:
         """The engine dropped its whole cache: every pin goes, unlocked, as flushed."""
-        self.counters.flushed += len(self.pins.clear())
+        flushed = self.pins.clear()
+        self.counters.flushed += len(flushed)
+        for pin in flushed:
+            self._ended(pin, PIN_FLUSHED)
+
+    def _ended(self, pin: Pin, how: str) -> Optional[ProgramState]:
+        """``pin`` ended before its program came back, ``how`` (the program's ``pin_end``)."""
+        state = self.programs.get(pin.program_id)
+        if state is not None:
+            state.pin_end = how
+        return state
 
     def check_integrity(self) -> None:
         self.pins.check_integrity()

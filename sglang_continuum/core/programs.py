@@ -29,6 +29,17 @@ def affine_slot(program_id: str, slots: int) -> int:
     return int.from_bytes(digest, "little") % slots
 
 
+# what became of a finished turn's pin (``ProgramState.pin_end``, set by ``pinning.py``): the
+# event log's records say it for each returning turn, so a benchmark can tell why a context was lost
+PIN_KEPT = "pinned"  # still pinned, or held until its program's turn came back (a hit)
+PIN_NONE = "none"  # no pin: the TTL model paid for none and the door did not keep the program resident
+PIN_REFUSED = "refused"  # the pins' budget, held by earlier programs, had no room for it
+PIN_EXPIRED = "expired"  # its TTL ran out before the program came back
+PIN_RELEASED = "released"  # dropped with its turn retracted or its program aborted
+PIN_FLUSHED = "flushed"  # the engine dropped its whole cache
+PIN_SHED = "shed-"  # + the shed's reason (``ShedCounters``): given back under memory or budget pressure
+
+
 @dataclass(slots=True)
 class ProgramState:
     program_id: str
@@ -43,11 +54,16 @@ class ProgramState:
     context_tokens: int = 0  # its context as of its latest admitted or finished turn
     first_step: Optional[int] = None  # the client's step number of the first turn seen here
     pin_shed: bool = False  # its last pin was shed (not expired, not hit) and it has not come back yet
-    let_go: bool = False  # its last finished turn was not pinned: its context was unprotected all through its gap
+    pin_end: str = ""  # what became of its last finished turn's pin (``PIN_*``; "" before any turn finished)
     pin_lost_waiting: bool = False  # its pin was shed or expired while its next turn waited: that turn missed
     announces_end: bool = False  # its client flags the last step (else its end is presumed from silence)
     longest_gap: float = 0.0  # the longest it has been away on a tool call and come back
     gaps: int = 0  # tool calls it came back from
+
+    @property
+    def let_go(self) -> bool:
+        """Its last finished turn was not pinned: its context was unprotected all through its gap."""
+        return self.pin_end in (PIN_NONE, PIN_REFUSED)
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,6 +55,10 @@ class AdmissionRecord:
     pin_hit: bool  # its program's pin held its prefix
     cached_tokens: Optional[int] = None  # of its prompt, found cached at admission (None: not known)
     return_loss: float = 0.0  # the thrash signal after it (``core/return_loss.py``)
+    # a later turn: its program's context when its previous turn ended, and what became of that
+    # turn's pin (``programs.PIN_*``): with ``cached_tokens``, what it lost and why
+    previous_tokens: Optional[int] = None
+    pin_end: Optional[str] = None
 
 
 @dataclass(slots=True)

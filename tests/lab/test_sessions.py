@@ -163,3 +163,56 @@ def test_the_doors_holds_give_the_longest_park_and_pause_from_the_plugins_admiss
     assert f["longest_later_turn_wait_s"] == pytest.approx(50.0)  # b's queueing is not a pause
     plain = window_figures(ReplayResult([a, b], 110.0), protocol)
     assert "longest_pause_s" not in plain and "turns_paused" not in plain
+
+
+def test_the_reprefill_is_split_by_what_became_of_each_returns_pin():
+    """The plugin names, for each returning turn, what became of its program's pin; the window's
+    re-prefill is split by it (a return without a record is "unknown"), and it adds up."""
+    from continuum_lab.bench.sessions import pin_ends
+
+    protocol = SessionsProtocol(concurrency=2, window_s=100.0, warmup_s=10.0)
+    a = ProgramRecord("a", 0.0, start=0.0, turns=[
+        _turn("a", 0, 11.0, 12.0, 13.0, prompt=1000, cached=0),
+        _turn("a", 1, 20.0, 21.0, 25.0, prompt=1100, cached=1010),  # hit
+        _turn("a", 2, 30.0, 33.0, 40.0, prompt=1200, cached=110),  # 1,000 of 1,110 gone: shed
+        _turn("a", 3, 50.0, 51.0, 52.0, prompt=1300, cached=1000),  # 210 of 1,210 gone: expired
+    ])  # fmt: skip
+    b = ProgramRecord("b", 5.0, start=5.0, turns=[
+        _turn("b", 0, 11.0, 12.0, 13.0, prompt=500, cached=0),
+        _turn("b", 1, 20.0, 21.0, 22.0, prompt=600, cached=0),  # all 510 gone, no record
+    ])  # fmt: skip
+    records = [  # the plugin's: turns counted from 1; a first turn has no pin_end
+        {"event": "admitted", "program_id": "a", "turn": 1, "pin_end": None},
+        {"event": "admitted", "program_id": "a", "turn": 2, "pin_end": "pinned"},
+        {"event": "admitted", "program_id": "a", "turn": 3, "pin_end": "shed-admission"},
+        {"event": "admitted", "program_id": "a", "turn": 4, "pin_end": "expired"},
+    ]
+    ended = pin_ends(records)
+    assert ended == [("a", 1, "pinned"), ("a", 2, "shed-admission"), ("a", 3, "expired")]
+    f = window_figures(ReplayResult([a, b], 110.0), protocol, pin_ended=ended)
+    assert f["returns_by_pin_end"] == {
+        "pinned": {"returns": 1, "lost": 0, "tokens": 0},
+        "shed-admission": {"returns": 1, "lost": 1, "tokens": 1000},
+        "expired": {"returns": 1, "lost": 0, "tokens": 210},
+        "unknown": {"returns": 1, "lost": 1, "tokens": 510},
+    }
+    assert sum(v["tokens"] for v in f["returns_by_pin_end"].values()) == f["reprefilled_tokens"]
+    assert "returns_by_pin_end" not in window_figures(ReplayResult([a, b], 110.0), protocol)
+    assert pin_ends([]) is None
+
+
+def test_the_report_tabulates_the_split_per_plugin_run_only():
+    from continuum_lab.bench.sessions_report import pin_end_markdown
+
+    split = {
+        "pinned": {"returns": 9, "lost": 0, "tokens": 0},
+        "shed-budget": {"returns": 3, "lost": 2, "tokens": 250_000},
+    }
+    runs = [
+        {"policy": "lpm", "sessions": 16, "seed": 1, "figures": {}},
+        {"policy": "continuum", "sessions": 16, "seed": 1, "figures": {"returns_by_pin_end": split}},
+    ]
+    table = pin_end_markdown(runs).splitlines()
+    assert table[0] == "| N | policy | seed | pinned | shed-budget |"
+    assert table[2] == "| 16 | continuum | 1 | 0 / 9, 0.00 | 2 / 3, 0.25 |" and len(table) == 3
+    assert pin_end_markdown(runs[:1]) == ""

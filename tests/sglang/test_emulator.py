@@ -409,6 +409,43 @@ def test_bench_sessions_keeps_n_sessions_in_flight_and_reports_the_window(tmp_pa
     assert "**Emulated, predictions**" in (out / "report.md").read_text()
 
 
+def test_the_real_schedulers_runs_split_the_reprefill_by_what_became_of_each_pin(tmp_path):
+    """Continuum on SGLang's scheduler: every return in the window is named by what became of its
+    program's pin (the plugin's event log), and the split adds up to the window's re-prefill."""
+    from continuum_lab.cli.bench import main
+
+    trace = [
+        Program(
+            program_id=f"p{i}",
+            turns=[
+                *[Turn(append_tokens=500, output_tokens=8, tool="bash", tool_duration_s=g) for g in (1.0, 3.0) * 2],
+                Turn(append_tokens=50, output_tokens=8),
+            ],
+        )
+        for i in range(4)
+    ]
+    workload = dump_workload(trace, tmp_path / "trace.jsonl")
+    out = tmp_path / "split"
+    rc = main(  # pins of 2 s: a 1 s tool comes back to its pin, a 3 s one after it expired
+        [
+            "--emulate", str(_profile(tmp_path)), "--workload", str(workload), "--policies", "continuum-fixed",
+            "--sessions", "4", "--window-s", "30", "--warmup-s", "5", "--max-total-tokens", "4000",
+            "--seeds", "1", "--out", str(out),
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    run = json.loads((out / "runs" / "continuum-fixed-n4-s1-r0.json").read_text())
+    figures = run["sessions"]["figures"]
+    split = figures["returns_by_pin_end"]
+    assert set(split) <= {"pinned", "none", "refused", "expired", "released", "flushed", "unknown"} | {
+        f"shed-{reason}" for reason in ("admission", "idle", "alloc", "budget", "stale")
+    }
+    assert split["pinned"]["returns"] > 0 and split["pinned"]["lost"] == 0 and split["expired"]["returns"] > 0
+    assert "unknown" not in split  # every return has its record
+    assert sum(v["tokens"] for v in split.values()) == figures["reprefilled_tokens"]
+    assert "Where the re-prefill came from" in (out / "report.md").read_text()
+
+
 def test_a_bench_killed_mid_run_leaves_no_emulated_run_behind(tmp_path):
     """Runs are forked by a fork server, not by the bench: a bench stopped by a signal must take
     them down, or they go on computing on the cores the next benchmark measures with."""

@@ -763,3 +763,41 @@ def test_a_pin_that_expires_while_its_turn_waits_samples_the_wait_as_a_shed_one_
         assert c.turn_admitted(tag, 12) is None
         assert observed == [5.0], end
         c.check_integrity()
+
+
+def test_a_returns_admission_record_says_what_became_of_its_programs_pin():
+    """Each way a pin ends before its program is back is named on the return's record, with the
+    context the program had: what a benchmark splits the re-prefill by. A first turn has neither."""
+    c, clock = make(fixed_ttl_s=5.0, budget=250)
+
+    def back(pid, **kw):
+        c.turn_admitted(c.turn_arrived(turn(pid)), 200, **kw)
+        return c.last_admission
+
+    for pid in "abcd":
+        c.turn_admitted(c.turn_arrived(turn(pid)), 50)
+        assert c.last_admission.pin_end is None and c.last_admission.previous_tokens is None
+    c.turn_finished(turn("a"), context_tokens=100, handle="h1")
+    c.turn_finished(turn("b"), context_tokens=100, handle="h2")
+    c.turn_finished(turn("c"), context_tokens=60, handle="h3")  # 260 > 250, no later program's pin to push out
+    c.turn_finished(turn("d"), context_tokens=300, handle="h4")  # over the whole budget
+    record = back("a", cached_tokens=100)
+    assert (record.pin_hit, record.pin_end, record.previous_tokens) == (True, "pinned", 100)
+    assert c.shed("admission").program_id == "b"
+    record = back("b", cached_tokens=0)
+    assert (record.pin_hit, record.pin_end, record.previous_tokens) == (False, "shed-admission", 100)
+    assert (back("c").pin_end, back("d").pin_end, c.last_admission.previous_tokens) == ("refused", "refused", 300)
+    c.turn_finished(turn("a"), context_tokens=210, handle="h5")
+    clock.advance(6.0)
+    assert len(c.step(lambda pid: False).expired) == 1
+    assert back("a").pin_end == "expired"
+
+
+def test_a_turn_left_unpinned_is_recorded_as_no_pin():
+    c, _ = make(fixed_ttl_s=0.0)
+    c.turn_admitted(c.turn_arrived(turn("p")), 50)
+    c.turn_finished(turn("p"), context_tokens=80, handle="h")
+    state = c.programs.get("p")
+    assert state.pin_end == "none" and state.let_go
+    c.turn_admitted(c.turn_arrived(turn("p")), 120, cached_tokens=0)
+    assert c.last_admission.pin_end == "none" and c.last_admission.previous_tokens == 80

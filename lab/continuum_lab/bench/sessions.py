@@ -95,16 +95,31 @@ def held_back_turns(records: Sequence[dict]) -> Optional[list[tuple[str, int]]]:
     return sorted({(r["program_id"], r["turn"] - 1) for r in records if r.get("held_back") and r.get("program_id")})
 
 
+def pin_ends(records: Sequence[dict]) -> Optional[list[tuple[str, int, str]]]:
+    """What became of the pin before each returning turn, ``(program, turn index from 0,
+    pin_end)``, from the plugin's admission records (``programs.PIN_*``). None without records."""
+    if not records:
+        return None
+    return sorted(
+        (r["program_id"], r["turn"] - 1, r["pin_end"]) for r in records if r.get("pin_end") and r.get("program_id")
+    )
+
+
 def window_figures(
     result: ReplayResult,
     protocol: SessionsProtocol,
     counters: Optional[dict] = None,
     held_back: Optional[Sequence[Sequence]] = None,
+    pin_ended: Optional[Sequence[Sequence]] = None,
 ) -> dict:
     """Figures over the window. ``counters``: the engine's cumulative counters (host tokens loaded
     and written, busy seconds) at the window's start and end (``{"start": {...}, "end": {...}}``).
     ``held_back``: the turns the door held (``held_back_turns``), which add the longest park and
-    pause; a turn still waiting at the window's end has no record and counts in neither."""
+    pause; a turn still waiting at the window's end has no record and counts in neither.
+    ``pin_ended``: what became of each returning turn's pin (``pin_ends``), which splits the
+    re-prefill by it (``returns_by_pin_end``)."""
+    causes = {(program_id, turn): how for program_id, turn, how in pin_ended or ()}
+    by_cause: dict[str, list[int]] = {}  # pin_end -> [returns, contexts lost, tokens re-prefilled]
     lo, hi = protocol.warmup_s, protocol.end_s
     finished, sent = [], []
     # (seconds waited by the window's end or until admitted, turn index, program): turns waiting in the window
@@ -128,7 +143,13 @@ def window_figures(
             if t.error is None and t.finish is not None and lo <= t.finish < hi:
                 finished.append(t)
                 if previous is not None and previous.finish is not None:
-                    reprefilled += max(0, previous.prompt_tokens + previous.output_tokens - t.cached_tokens)
+                    context = previous.prompt_tokens + previous.output_tokens
+                    lost = max(0, context - t.cached_tokens)
+                    reprefilled += lost
+                    tally = by_cause.setdefault(causes.get((program.program_id, t.turn), "unknown"), [0, 0, 0])
+                    tally[0] += 1
+                    tally[1] += 2 * lost > context  # most of it gone: a context lost
+                    tally[2] += lost
             previous = t
     # a turn without its first token (admission) by the window's end waited at least until then
     ttft = [min(t.first_token, hi) - t.send if t.first_token is not None else hi - t.send for t in sent]
@@ -179,6 +200,10 @@ def window_figures(
         figures["longest_park_s"] = max(parks, default=None)
         figures["longest_pause_s"] = max(pauses, default=None)
         figures["turns_paused"] = len(pauses)
+    if pin_ended is not None:
+        figures["returns_by_pin_end"] = {
+            how: dict(zip(("returns", "lost", "tokens"), n)) for how, n in by_cause.items()
+        }
     if counters is not None and "start" in counters and "end" in counters:
         start, end = counters["start"], counters["end"]
         for key in end:

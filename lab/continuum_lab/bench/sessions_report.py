@@ -130,6 +130,30 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# what became of a return's pin (``sglang_continuum.core.programs.PIN_*``), in the table's order;
+# "unknown": a return without the plugin's record (a stock policy, or one still waiting)
+PIN_ENDS = ("pinned", "none", "refused", "expired", "shed-admission", "shed-budget", "shed-alloc", "shed-idle",
+            "shed-stale", "released", "flushed", "unknown")  # fmt: skip
+
+
+def pin_end_markdown(runs: list[dict]) -> str:
+    """Where each plugin run's re-prefill came from: per run, for each way its programs' pins
+    ended, the returns that lost most of their context of all returns, and the Mtok re-prefilled
+    (the window's; "" where no run has the plugin's records)."""
+    split = [r for r in runs if r["figures"].get("returns_by_pin_end")]
+    if not split:
+        return ""
+    seen = {how for r in split for how in r["figures"]["returns_by_pin_end"]}
+    ends = [h for h in PIN_ENDS if h in seen] + sorted(seen - set(PIN_ENDS))
+    head = ["N", "policy", "seed", *ends]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in split:
+        by = r["figures"]["returns_by_pin_end"]
+        cells = [f"{by[h]['lost']} / {by[h]['returns']}, {by[h]['tokens'] / 1e6:.2f}" if h in by else "-" for h in ends]
+        lines.append("| " + " | ".join([str(r["sessions"]), r["policy"], str(r["seed"]), *cells]) + " |")
+    return "\n".join(lines)
+
+
 def plots(rows: list[dict], out: Path) -> list[Path]:
     """Throughput and TTFT p90 against N; none for a grid at one N (a point per policy says no
     more than the table)."""

@@ -13,7 +13,7 @@ from continuum_lab.bench.events import read_admission_log
 from continuum_lab.bench.policies import parse_policy
 from continuum_lab.bench.replay import Replayer, ReplayResult
 from continuum_lab.bench.report import emulated_loops
-from continuum_lab.bench.sessions import SessionsProtocol, held_back_turns, session_programs, window_figures
+from continuum_lab.bench.sessions import SessionsProtocol, held_back_turns, pin_ends, session_programs, window_figures
 from continuum_lab.cli.emulated_runs import emulator_figures
 from continuum_lab.harness.server import SGLangServer, on_cores
 
@@ -54,9 +54,10 @@ def server_runs(grid, args, programs, server_args: list[str], env: dict, server_
         counters = {"start": {"host_loaded_tokens": _series(warm, LOADED)},
                     "end": {"host_loaded_tokens": _series(result.metrics_after, LOADED)}}  # fmt: skip
         records = read_admission_log(events)  # flushed when the server went idle after its last step
-        held = held_back_turns(records)
-        figures = window_figures(result, protocol, counters, held)
-        window = {"protocol": protocol.to_dict(), "counters": counters, "figures": figures, "held_back": held}
+        held, ended = held_back_turns(records), pin_ends(records)
+        figures = window_figures(result, protocol, counters, held, ended)
+        window = {"protocol": protocol.to_dict(), "counters": counters, "figures": figures, "held_back": held,
+                  "pin_ends": ended}  # fmt: skip
         run = {"policy": policy, "seed": seed, "sessions": window, "replay": result.to_dict()}
         # the records stay beside the server's log, as an emulated run's do: figures defined later
         # can be computed from them
@@ -72,7 +73,8 @@ def _figures(run: dict) -> dict:
     if "replay" not in run:
         return window["figures"]
     protocol = SessionsProtocol(**window["protocol"])
-    return window_figures(ReplayResult.from_dict(run["replay"]), protocol, window["counters"], window.get("held_back"))
+    replay = ReplayResult.from_dict(run["replay"])
+    return window_figures(replay, protocol, window["counters"], window.get("held_back"), window.get("pin_ends"))
 
 
 def run_grid(runs: Iterable[dict], args, programs, pool: int, profile: Optional[str], command: str) -> int:
@@ -136,6 +138,16 @@ def run_grid(runs: Iterable[dict], args, programs, pool: int, profile: Optional[
         *(f"![{p.stem}]({p.name})" for p in pngs),
         "",
     ]
+    split = sessions_report.pin_end_markdown(records)
+    if split:
+        md += [
+            "Where the re-prefill came from (the plugin's records): for each way a returning turn's pin "
+            "ended, the returns that found most of their context gone / all returns, and the Mtok re-prefilled "
+            "(the window's). 'pinned': the pin held until its program came back.",
+            "",
+            split,
+            "",
+        ]
     (args.out / "report.md").write_text("\n".join(md))
     print(f"wrote {args.out / 'report.md'}")
     return 0

@@ -152,16 +152,17 @@ def emulate(
         admissions = summarize_admissions(records)
     window = None
     if sessions is not None:
-        from continuum_lab.bench.sessions import held_back_turns, window_figures
+        from continuum_lab.bench.sessions import held_back_turns, pin_ends, window_figures
 
         at = driver.counters_at
         counters = {"start": at.get(sessions.warmup_s, {}), "end": at[sessions.end_s]}
-        held = held_back_turns(records)
+        held, ended = held_back_turns(records), pin_ends(records)
         window = {
             "protocol": sessions.to_dict(),
             "counters": counters,
-            "figures": window_figures(result, sessions, counters, held),
+            "figures": window_figures(result, sessions, counters, held, ended),
             "held_back": held,
+            "pin_ends": ended,
         }
     return {
         "policy": policy,
