@@ -45,6 +45,22 @@ def _emulate(tmp_path, workload, policy, *, pool, jps=1.0, seed=0, name="run", e
     return json.loads(out.read_text())
 
 
+def _agents(tmp_path, *, programs: int, append_tokens: int, gaps: tuple[float, ...]):
+    """A workload of ``programs`` agents: a turn of ``append_tokens`` before each tool call of
+    ``gaps`` seconds, then a short last turn."""
+    trace = [
+        Program(
+            program_id=f"p{i}",
+            turns=[
+                *[Turn(append_tokens=append_tokens, output_tokens=8, tool="bash", tool_duration_s=g) for g in gaps],
+                Turn(append_tokens=50, output_tokens=8),
+            ],
+        )
+        for i in range(programs)
+    ]
+    return dump_workload(trace, tmp_path / "trace.jsonl")
+
+
 def _turns(run):
     return [t for p in run["replay"]["programs"] for t in p["turns"]]
 
@@ -414,17 +430,7 @@ def test_the_real_schedulers_runs_split_the_reprefill_by_what_became_of_each_pin
     program's pin (the plugin's event log), and the split adds up to the window's re-prefill."""
     from continuum_lab.cli.bench import main
 
-    trace = [
-        Program(
-            program_id=f"p{i}",
-            turns=[
-                *[Turn(append_tokens=500, output_tokens=8, tool="bash", tool_duration_s=g) for g in (1.0, 3.0) * 2],
-                Turn(append_tokens=50, output_tokens=8),
-            ],
-        )
-        for i in range(4)
-    ]
-    workload = dump_workload(trace, tmp_path / "trace.jsonl")
+    workload = _agents(tmp_path, programs=4, append_tokens=500, gaps=(1.0, 3.0, 1.0, 3.0))
     out = tmp_path / "split"
     rc = main(  # pins of 2 s: a 1 s tool comes back to its pin, a 3 s one after it expired
         [
@@ -455,17 +461,7 @@ def test_a_bench_killed_mid_run_leaves_no_emulated_run_behind(tmp_path):
 
     import psutil
 
-    trace = [
-        Program(
-            program_id=f"p{i}",
-            turns=[
-                *[Turn(append_tokens=300, output_tokens=8, tool="bash", tool_duration_s=1.0)] * 3,
-                Turn(append_tokens=50, output_tokens=8),
-            ],
-        )
-        for i in range(3)
-    ]
-    workload = dump_workload(trace, tmp_path / "trace.jsonl")
+    workload = _agents(tmp_path, programs=3, append_tokens=300, gaps=(1.0, 1.0, 1.0))
     out = tmp_path / "bench"
     cmd = [
         sys.executable, "-m", "continuum_lab.cli.bench", "--emulate", str(_profile(tmp_path)), "--workload",
