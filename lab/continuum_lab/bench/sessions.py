@@ -95,6 +95,9 @@ def held_back_turns(records: Sequence[dict]) -> Optional[list[tuple[str, int]]]:
     return sorted({(r["program_id"], r["turn"] - 1) for r in records if r.get("held_back") and r.get("program_id")})
 
 
+NO_RECORD = "unknown"  # a return without the plugin's admission record (a stock policy, or a program it forgot)
+
+
 def pin_ends(records: Sequence[dict]) -> Optional[list[tuple[str, int, str]]]:
     """What became of the pin before each returning turn, ``(program, turn index from 0,
     pin_end)``, from the plugin's admission records (``programs.PIN_*``). None without records."""
@@ -146,7 +149,7 @@ def window_figures(
                     context = previous.prompt_tokens + previous.output_tokens
                     lost = max(0, context - t.cached_tokens)
                     reprefilled += lost
-                    tally = by_cause.setdefault(causes.get((program.program_id, t.turn), "unknown"), [0, 0, 0])
+                    tally = by_cause.setdefault(causes.get((program.program_id, t.turn), NO_RECORD), [0, 0, 0])
                     tally[0] += 1
                     tally[1] += 2 * lost > context  # most of it gone: a context lost
                     tally[2] += lost

@@ -14,6 +14,8 @@ from typing import Optional
 import numpy as np
 
 from continuum_lab.bench.seeds import is_stock
+from continuum_lab.bench.sessions import NO_RECORD
+from sglang_continuum.core.programs import PIN_EXPIRED, PIN_FLUSHED, PIN_KEPT, PIN_NONE, PIN_REFUSED, PIN_RELEASED
 
 HICACHE = "+hicache"
 
@@ -130,10 +132,9 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-# what became of a return's pin (``sglang_continuum.core.programs.PIN_*``), in the table's order;
-# "unknown": a return without the plugin's record (a stock policy, or one still waiting)
-PIN_ENDS = ("pinned", "none", "refused", "expired", "shed-admission", "shed-budget", "shed-alloc", "shed-idle",
-            "shed-stale", "released", "flushed", "unknown")  # fmt: skip
+# what became of a return's pin, in the table's order: these, then the sheds by reason, then the rest
+PIN_ENDS_FIRST = (PIN_KEPT, PIN_NONE, PIN_REFUSED, PIN_EXPIRED)
+PIN_ENDS_LAST = (PIN_RELEASED, PIN_FLUSHED, NO_RECORD)
 
 
 def pin_end_markdown(runs: list[dict]) -> str:
@@ -144,7 +145,8 @@ def pin_end_markdown(runs: list[dict]) -> str:
     if not split:
         return ""
     seen = {how for r in split for how in r["figures"]["returns_by_pin_end"]}
-    ends = [h for h in PIN_ENDS if h in seen] + sorted(seen - set(PIN_ENDS))
+    ends = [h for h in PIN_ENDS_FIRST if h in seen]
+    ends += sorted(seen - {*PIN_ENDS_FIRST, *PIN_ENDS_LAST}) + [h for h in PIN_ENDS_LAST if h in seen]
     head = ["N", "policy", "seed", *ends]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in split:
