@@ -80,6 +80,11 @@ def test_window_figures_count_only_the_window_and_a_waiting_turn_with_its_wait_s
     assert f["turns_running_mean"] == pytest.approx((4 + 7 + 5) / 100)
     assert f["running_turn_prompt_tokens"] == pytest.approx((4 * 1100 + 7 * 1200 + 5 * 500) / 16)
     assert f["returning_turns_waiting_mean"] == pytest.approx((1 + 3 + 30) / 100)
+    # admitted sessions' contexts over [10, 110): a 1,010 to 21 s, 1,100 to 25 s, 1,110 to 33 s, 1,200
+    # to 40 s, then 1,210; b 500 to 15 s, then 510 (its waiting return keeps it); c never admitted
+    a_ctx = 1010 * 11 + 1100 * 4 + 1110 * 8 + 1200 * 7 + 1210 * 70
+    assert f["admitted_context_tokens_mean"] == pytest.approx((a_ctx + 500 * 5 + 510 * 95) / 100)
+    assert f["admitted_context_tokens_peak"] == 1210 + 510  # no spike where a turn's context becomes the next's
 
 
 def test_a_programs_wait_is_its_turns_waits_in_the_window_summed():

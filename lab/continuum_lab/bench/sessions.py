@@ -86,6 +86,21 @@ def _time_mean(spans: list[tuple[float, float, float]], lo: float, hi: float) ->
     return sum(w * max(0.0, min(end, hi) - max(start, lo)) for start, end, w in spans) / (hi - lo)
 
 
+def _peak(spans: list[tuple[float, float, float]], lo: float, hi: float) -> float:
+    """The largest sum of weighted spans ``(start, end, weight)`` at any time in ``[lo, hi)``."""
+    steps = sorted(
+        (t, w)
+        for start, end, weight in spans
+        if min(end, hi) > max(start, lo)
+        for t, w in ((max(start, lo), weight), (min(end, hi), -weight))
+    )  # at one time a span that ends goes before one that starts (a turn's context becomes the next's)
+    level = peak = 0.0
+    for _, w in steps:
+        level += w
+        peak = max(peak, level)
+    return peak
+
+
 def held_back_turns(records: Sequence[dict]) -> Optional[list[tuple[str, int]]]:
     """The turns the plugin's door held at least once, ``(program, turn index from 0)``, from its
     admission records (``bench.events.read_admission_log``): a first turn held is *parked*, a later
@@ -129,11 +144,18 @@ def window_figures(
     waits: list[tuple[float, int, str]] = []
     reprefilled = 0
     admitted_spans, running, returns_waiting = [], [], []  # (start, end, weight) for the time averages
+    contexts = []  # (start, end, tokens): an admitted session's context, from its turn's admission on
     for program in result.programs:
         if program.turns and program.turns[0].first_token is not None:
             admitted_spans.append((program.turns[0].first_token, hi if program.end is None else program.end, 1))
         previous = None
-        for t in program.turns:
+        for i, t in enumerate(program.turns):
+            if t.first_token is not None:
+                nxt = program.turns[i + 1].first_token if i + 1 < len(program.turns) else None
+                until = nxt if nxt is not None else (hi if program.end is None else program.end)
+                contexts.append((t.first_token, until, t.prompt_tokens))
+                if t.finish is not None:
+                    contexts.append((t.finish, until, t.output_tokens))
             if t.first_token is not None and t.error is None:
                 running.append((t.first_token, hi if t.finish is None else t.finish, t.prompt_tokens))
             if t.turn > 0 and t.error is None:
@@ -195,6 +217,9 @@ def window_figures(
         "turns_running_mean": turns_running,
         "running_turn_prompt_tokens": _time_mean(running, lo, hi) / turns_running if turns_running else None,
         "returning_turns_waiting_mean": _time_mean(returns_waiting, lo, hi),
+        # what keeping every admitted session's context resident takes, on average and at the peak
+        "admitted_context_tokens_mean": _time_mean(contexts, lo, hi),
+        "admitted_context_tokens_peak": _peak(contexts, lo, hi),
     }
     if held_back is not None:
         held = {(program_id, turn) for program_id, turn in held_back}

@@ -43,9 +43,17 @@ COLUMNS = (
     ("turns_running_mean", "turns running", "{:.1f}"),
     ("running_turn_prompt_tokens", "their prompts ktok", "{:.0f}"),
     ("returning_turns_waiting_mean", "returns waiting", "{:.1f}"),
+    ("admitted_context_tokens_mean", "their contexts ktok", "{:.0f}"),
+    ("admitted_context_tokens_peak", "at the peak ktok", "{:.0f}"),
 )
 # figures reported in millions or thousands of tokens
-UNITS = {"reprefilled_tokens": 1e6, "host_loaded_tokens_in_window": 1e6, "running_turn_prompt_tokens": 1e3}
+UNITS = {
+    "reprefilled_tokens": 1e6,
+    "host_loaded_tokens_in_window": 1e6,
+    "running_turn_prompt_tokens": 1e3,
+    "admitted_context_tokens_mean": 1e3,
+    "admitted_context_tokens_peak": 1e3,
+}
 
 
 def _tier(policy: str) -> str:
