@@ -146,13 +146,14 @@ def window_figures(
     admitted_spans, running, returns_waiting = [], [], []  # (start, end, weight) for the time averages
     contexts = []  # (start, end, tokens): an admitted session's context, from its turn's admission on
     for program in result.programs:
+        ended = hi if program.end is None else program.end
         if program.turns and program.turns[0].first_token is not None:
-            admitted_spans.append((program.turns[0].first_token, hi if program.end is None else program.end, 1))
+            admitted_spans.append((program.turns[0].first_token, ended, 1))
         previous = None
         for i, t in enumerate(program.turns):
             if t.first_token is not None:
-                nxt = program.turns[i + 1].first_token if i + 1 < len(program.turns) else None
-                until = nxt if nxt is not None else (hi if program.end is None else program.end)
+                next_admitted = program.turns[i + 1].first_token if i + 1 < len(program.turns) else None
+                until = ended if next_admitted is None else next_admitted
                 contexts.append((t.first_token, until, t.prompt_tokens))
                 if t.finish is not None:
                     contexts.append((t.finish, until, t.output_tokens))
