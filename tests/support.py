@@ -59,9 +59,10 @@ def rules(
 ) -> Rules:
     """A ``Rules`` with the named TTL model ("fixed": ``FixedTTL``; "cost": the product's), or
     with a factory of one; ``kw``: ``Timings`` fields, ``order``, the model's parameters (the cost
-    model's ``cold_start_k``, a factory's keyword arguments)."""
+    model's ``cold_start_k``, a factory's keyword arguments), ``door`` (a ``Door`` class)."""
     timings = Timings(**{k: kw.pop(k) for k in list(kw) if k in TIMING_FIELDS})
     order = kw.pop("order", None)
+    door = kw.pop("door", None)
     if callable(ttl_model):
         factory, name = partial(ttl_model, **kw), getattr(ttl_model, "name", "model")
     elif ttl_model == "fixed":
@@ -74,6 +75,8 @@ def rules(
     else:
         raise ValueError(ttl_model)
     extra = {"order": order} if order is not None else {}
+    if door is not None:
+        extra["door"] = door
     return Rules(f"test-{name}", ttl_model=factory, timings=timings, **extra)
 
 

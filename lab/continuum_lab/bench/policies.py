@@ -26,8 +26,10 @@ budget), ``continuum-pins-only`` (pins, requests in arrival order), ``continuum-
 starvation bound), ``continuum-no-admission-control``, ``continuum-no-residency`` (the door without
 residency: no resident pins while it binds, no paused returns; ``-no-pausing`` and
 ``-no-resident-pins`` drop one of the two; ``-no-decode-share`` prices a batch place as if the
-engine only decoded; ``-no-release-loss`` prices every context let go as lost), and ``continuum-paper`` (the paper's policy:
-neither bound nor admission control). Any policy with ``+hicache`` adds SGLang's host tier
+engine only decoded; ``-no-release-loss`` prices every context let go as lost),
+``continuum-pause-binds`` (a held paused return binds the door too, once no first turn has been
+held for a minute), and ``continuum-paper`` (the paper's policy: neither bound nor admission
+control). Any policy with ``+hicache`` adds SGLang's host tier
 (``--enable-hierarchical-cache``, SGLang's default ``write_through``: the host mirrors the device)
 and is compared with ``fcfs+hicache``; ``+hicache-write-back`` the same with
 ``--hicache-write-policy write_back`` (device and host hold distinct KV: more in all).
@@ -99,6 +101,7 @@ _POLICIES = (
     Policy("continuum-no-release-loss", CONTINUUM, rules="NO_RELEASE_LOSS"),
     Policy("continuum-no-pausing", CONTINUUM, rules="NO_PAUSING"),
     Policy("continuum-no-resident-pins", CONTINUUM, rules="NO_RESIDENT_PINS"),
+    Policy("continuum-pause-binds", CONTINUUM, rules="PAUSE_BINDS"),
     Policy("continuum-paper", CONTINUUM, {"max_overtakes": 0, "admission_control": False}),
 )
 POLICIES: dict[str, Policy] = {p.name: p for p in _POLICIES}

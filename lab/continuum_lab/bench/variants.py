@@ -12,7 +12,7 @@ from __future__ import annotations
 from functools import partial
 
 from continuum_lab.bench.ttl_baselines import BernsteinTTL, FixedTTL, ReferenceTTL
-from sglang_continuum.core.door import Door
+from sglang_continuum.core.door import BINDING_S, Door
 from sglang_continuum.core.engine_time import EngineTime
 from sglang_continuum.core.priority import RETRACTED, WAITING, QueueKey, Waiting
 from sglang_continuum.core.rules import Rules, Timings
@@ -64,6 +64,31 @@ class DoorWithoutResidentPins(Door):
         return 0.0
 
 
+class DoorWithPauseBinding(Door):
+    """A held paused return binds the door as a held first turn does, once no first turn has been
+    held for ``after_s``: just past the fit every program is admitted, so no first turn waits and
+    the door never binds, yet returns find their contexts gone; the admitted programs alone
+    overflow the pool, and binding keeps the resident ones through their tools. Mixed where first
+    turns wait (``docs/results/residency/``), so not the default."""
+
+    after_s = 60.0
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.first_held_at = float("-inf")
+
+    def holds_back(self, tag, state, request_tokens, capacity_tokens, *, behind_overdue=False, now=0.0, **room) -> bool:
+        held = super().holds_back(
+            tag, state, request_tokens, capacity_tokens, behind_overdue=behind_overdue, now=now, **room
+        )
+        if held and not behind_overdue:  # weighed against the room (a later turn held is a pause)
+            if state.turns_admitted == 0:
+                self.first_held_at = now
+            elif now - self.first_held_at >= self.after_s:
+                self.binding_until = now + BINDING_S
+        return held
+
+
 class DoorWithoutReleaseLoss(Door):
     """Residency priced as if every context let go were lost: the price before it read what the
     programs let go at their turn's end found gone when they came back."""
@@ -93,6 +118,7 @@ NO_PAUSING = Rules("no-pausing", door=DoorWithoutPausing)
 NO_RESIDENT_PINS = Rules("no-resident-pins", door=DoorWithoutResidentPins)
 NO_DECODE_SHARE = Rules("no-decode-share", door=DoorWithoutDecodeShare)
 NO_RELEASE_LOSS = Rules("no-release-loss", door=DoorWithoutReleaseLoss)
+PAUSE_BINDS = Rules("pause-binds", door=DoorWithPauseBinding)
 FIXED_2S = fixed_ttl(2.0)
 REFERENCE = Rules("reference", ttl_model=ReferenceTTL)  # the public vLLM reference's 2 s rule
 BERNSTEIN = Rules("bernstein", ttl_model=BernsteinTTL)  # the paper's first version
