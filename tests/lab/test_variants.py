@@ -7,6 +7,7 @@ from continuum_lab.bench.policies import POLICIES, Policy, parse_policy
 from sglang_continuum.core.metadata import ProgramMeta
 from sglang_continuum.core.rules import DEFAULT, Rules, resolve_rules
 from sglang_continuum.core.settings import ContinuumSettings
+from tests.support import controller
 
 CONTINUUM = [p for p in POLICIES.values() if "continuum" in p.sglang_args]
 
@@ -56,8 +57,6 @@ def test_with_pause_binding_a_held_pause_binds_the_door_while_no_first_turn_was_
     and a program finishing its turn stays resident (pinned for its tool's p90: 9 s, a's return
     after 0 s among the samples). Where a first turn was held lately (30 s ago, its own binding
     long over), the held pause does not bind; nor does it under the product's rule."""
-    from tests.support import controller
-
     cases = ((variants.DoorWithPauseBinding, None, True), (variants.DoorWithPauseBinding, 30.0, False))
     cases += ((None, None, False),)  # the product's door
     for door, first_held_ago, resident in cases:
