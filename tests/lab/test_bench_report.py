@@ -105,6 +105,14 @@ def test_across_seeds_median_iqr_worst_ratios_and_collapse():
     assert "| lpm | 1 | 5 | 10.00 | 9.00-11.00 | 18.00 | 20.00 | 1.10x | - |" in table
 
 
+def test_without_an_fcfs_run_the_ratio_to_it_reads_as_absent_not_nan():
+    rows = aggregate([run("lpm", 1, 10), run("continuum", 1, 5)])
+    text, table = headline(rows), seeds_table(rows)
+    assert "nan" not in text + table
+    assert "no fcfs run, 2.00x vs the best stock policy (lpm)" in text
+    assert "| continuum | 1 | 1 | 5.00 | 5.00-5.00 | 5.00 | " in table and "| - | 2.00x (lpm) |" in table
+
+
 def test_ratios_pair_runs_by_seed_and_repeat_and_hicache_by_tier():
     runs = [run("fcfs", 1, 10, repeat=0), run("fcfs", 1, 30, repeat=1)]
     runs += [run("continuum", 1, 5, repeat=0), run("continuum", 1, 10, repeat=1)]

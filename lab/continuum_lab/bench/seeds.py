@@ -54,6 +54,11 @@ def _median(xs: list[float]) -> float:
     return float(np.median(xs)) if xs else float("nan")
 
 
+def _times(ratio: float) -> str:
+    """A ratio as ``1.23x``; ``-`` where there was nothing to compare with (NaN: no partner run)."""
+    return "-" if np.isnan(ratio) else f"{ratio:.2f}x"
+
+
 def aggregate(runs: list[dict], baseline: str = "fcfs") -> list[dict]:
     """One row per (policy, jps) over its runs, in the order policies first ran; see the module
     docstring. Worst values are NaN when a run has none (it failed)."""
@@ -136,7 +141,7 @@ def seeds_table(rows: list[dict]) -> str:
             f"{r['jct_mean_p25_s']:.2f}-{r['jct_mean_p75_s']:.2f}",
             f"{r['jct_mean_worst_s']:.2f}",
             f"{r['jct_p95_median_s']:.2f}",
-            f"{r['ratio_vs_fcfs_median']:.2f}x",
+            _times(r["ratio_vs_fcfs_median"]),
             vs_best,
             f"{r['max_request_wait_worst_s']:.2f}",
             f"{r['max_program_wait_worst_s']:.2f}",
@@ -164,8 +169,10 @@ def headline(rows: list[dict], policy: str = "continuum") -> str:
             if r["best_stock"]
             else ""
         )
+        vs_fcfs = r["ratio_vs_fcfs_median"]
+        ratios = f"median {vs_fcfs:.2f}x vs fcfs{best}" if not np.isnan(vs_fcfs) else f"no fcfs run{best}"
         lines.append(
             f"{policy} at {r['jps']:g} programs/s over {r['runs']} runs: median mean JCT {r['jct_mean_median_s']:.2f} s, "
-            f"median {r['ratio_vs_fcfs_median']:.2f}x vs fcfs{best}{worst_vs}; collapsed runs: {r['collapsed_runs']}."
+            f"{ratios}{worst_vs}; collapsed runs: {r['collapsed_runs']}."
         )
     return "\n".join(lines)
