@@ -61,8 +61,8 @@ def rules(
     with a factory of one; ``kw``: ``Timings`` fields, ``order``, the model's parameters (the cost
     model's ``cold_start_k``, a factory's keyword arguments), ``door`` (a ``Door`` class)."""
     timings = Timings(**{k: kw.pop(k) for k in list(kw) if k in TIMING_FIELDS})
-    order = kw.pop("order", None)
-    door = kw.pop("door", None)
+    slots = {name: kw.pop(name, None) for name in ("order", "door")}  # ``Rules`` slots; None: the default's
+    slots = {name: given for name, given in slots.items() if given is not None}
     if callable(ttl_model):
         factory, name = partial(ttl_model, **kw), getattr(ttl_model, "name", "model")
     elif ttl_model == "fixed":
@@ -74,10 +74,7 @@ def rules(
         factory, name = partial(CostModelTTL, **kw), ttl_model
     else:
         raise ValueError(ttl_model)
-    extra = {"order": order} if order is not None else {}
-    if door is not None:
-        extra["door"] = door
-    return Rules(f"test-{name}", ttl_model=factory, timings=timings, **extra)
+    return Rules(f"test-{name}", ttl_model=factory, timings=timings, **slots)
 
 
 def controller(
