@@ -61,8 +61,8 @@ def rules(
     with a factory of one; ``kw``: ``Timings`` fields, ``order``, the model's parameters (the cost
     model's ``cold_start_k``, a factory's keyword arguments), ``door`` (a ``Door`` class)."""
     timings = Timings(**{k: kw.pop(k) for k in list(kw) if k in TIMING_FIELDS})
-    slots = {name: kw.pop(name, None) for name in ("order", "door")}  # ``Rules`` slots; None: the default's
-    slots = {name: given for name, given in slots.items() if given is not None}
+    # the ``Rules`` slots passed on; None: the default's
+    slots = {name: given for name in ("order", "door") if (given := kw.pop(name, None)) is not None}
     if callable(ttl_model):
         factory, name = partial(ttl_model, **kw), getattr(ttl_model, "name", "model")
     elif ttl_model == "fixed":
