@@ -12,7 +12,11 @@ and other processes are untouched), one method per hook:
   new program's first turn is skipped while the working sets of programs in flight, and of the
   turns this selection already took, fill the pool, unless the engine would idle; behind an overdue
   first turn so held, later first turns wait too) and a record of the first turn the budget
-  refused (``NO_TOKEN``).
+  refused (``NO_TOKEN``). The queue order puts first turns last (``priority.py``): a held one
+  behind which no first turn waiting would fit, and no request the door never holds waits, ends
+  the selection (``AddReqResult.OTHER``), so the turns behind it, which the door would hold as
+  well, are never matched against the radix tree: a step costs what it costs under ``fcfs``
+  however many wait.
 * ``get_new_batch_prefill``: the turns a selection admitted consume their pins at once; when
   SGLang's admission refused a turn for memory, pins of programs ranked after it are shed (latest
   first) and admission is retried in the same step; any pin may be shed when the engine would
@@ -42,9 +46,10 @@ from sglang_continuum.adapter.modes import check_supported
 from sglang_continuum.adapter.radix_cache import ContinuumRadixCache
 from sglang_continuum.adapter.request import get_tag
 from sglang_continuum.adapter.runtime import ContinuumRuntime
-from sglang_continuum.adapter.schedule_policy import ContinuumSchedulePolicy
+from sglang_continuum.adapter.schedule_policy import KEY_ATTR, ContinuumSchedulePolicy
 from sglang_continuum.adapter.tool_identifier import make_identifier
 from sglang_continuum.core.bounded_waiting import MIN_OVERTAKES
+from sglang_continuum.core.priority import NEW
 
 if TYPE_CHECKING:
     from sglang.srt.managers.scheduler import Scheduler
@@ -52,6 +57,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MAX_ADMISSION_RETRIES = 4  # re-runs of SGLang's prefill selection per step after shedding
+_NO_KEY = (None,)  # a request the queue order has not placed (no program seen yet)
 
 
 def _consensus_now(scheduler: "Scheduler", cache: ContinuumRadixCache) -> Callable[[], float]:
@@ -98,9 +104,10 @@ class Admission:
     by how many tokens (the adder's own arithmetic); the programs whose turns it took; whether an
     overdue first turn is held at the door (then later first turns wait behind it)."""
 
-    def __init__(self, scheduler: "Scheduler", cache: ContinuumRadixCache) -> None:
+    def __init__(self, scheduler: "Scheduler", cache: ContinuumRadixCache, policy: ContinuumSchedulePolicy) -> None:
         self.scheduler = scheduler
         self.cache = cache
+        self.policy = policy
         self.blocked = None
         self.shortfall = 0
         self.candidate: Optional[int] = None  # the shortfall SGLang's selection just refused
@@ -129,6 +136,8 @@ class Admission:
 
             def add_one_req(self, req, has_chunked_req, truncation_align_size):
                 if admission.hold_back(self, req):
+                    if admission.ends_walk(self, req):
+                        return AddReqResult.OTHER  # every turn behind it would be held too
                     return AddReqResult.CONTINUE  # skipped; later turns may still be admitted
                 admission.candidate = None
                 taken = len(self.can_run_list)
@@ -181,6 +190,20 @@ class Admission:
             self.door_closed = True  # the room that opens is this turn's first: bounded waiting at the door
         return held
 
+    def ends_walk(self, adder: PrefillAdder, req) -> bool:
+        """``req`` was held: whether it is a first turn (``NEW``, the queue order's last class) behind
+        which every turn waits too: no request the door never holds is behind it, and an overdue
+        one closed the door or not even the shortest first turn waiting fits the room left."""
+        key = getattr(req, KEY_ATTR, None) or _NO_KEY
+        queue = self.scheduler.waiting_queue
+        if key[0] != NEW or self.policy.exempt_behind(queue, key):
+            return False
+        if self.door_closed:
+            return True
+        shortest = self.policy.shortest_first_turn(queue)
+        door, capacity = self.cache.controller.door, self.cache.admission_capacity_tokens()
+        return shortest is not None and door.over_capacity(shortest, capacity, adder.continuum_pending_tokens)
+
     def took(self, req) -> int:
         """``req`` was taken into the selection: what it will reserve in the working set."""
         tag = get_tag(req)
@@ -218,7 +241,7 @@ class SchedulerBinding:
         self.forward_is_async = bool(scheduler.enable_overlap) and getattr(scheduler, "device", "cpu") != "cpu"
         self._launched: tuple[Optional[bool], tuple[int, int, int]] = (None, (0, 0, 0))
         self._loaded = 0  # host tokens the last selection loaded back for the batch it made
-        self.admission = Admission(scheduler, cache)
+        self.admission = Admission(scheduler, cache, self.policy)
         self._waiting_programs: Optional[set[str]] = None
         self._next_check = 0.0
         cache.identify_tool = make_identifier(

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from sglang_continuum.core.event_log import EventLog
 from sglang_continuum.core.first_turns import FirstTurns
-from sglang_continuum.core.metadata import SOURCE_FIRST_TURN, SOURCE_INFERRED, SOURCE_NONE, ProgramMeta
+from sglang_continuum.core.metadata import INFERRED_PREFIX, SOURCE_FIRST_TURN, SOURCE_INFERRED, SOURCE_NONE, ProgramMeta
 from sglang_continuum.core.program_inference import ProgramIndex
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ class ProgramInference:
         event_log: Optional[EventLog] = None,
         single_shot: Callable[[str], None] = lambda program_id: None,
     ) -> None:
-        self.index = ProgramIndex()
+        self.index = ProgramIndex(prefix=INFERRED_PREFIX)  # ids no client can send (metadata.RESERVED_PREFIX)
         self._registered = alive
         self._clock = clock
         self._single_shot = single_shot

@@ -63,11 +63,12 @@ class RequestLifecycle:
         live.running = False
         return live
 
-    def admitted(self, rid: str) -> Optional[LiveRequest]:
-        """``rid`` was taken into a prefill batch: its live record when this is its first
-        admission, else None (re-admitted after a retraction, or not live)."""
+    def admitted(self, rid: str, tag: Optional[TurnTag]) -> Optional[LiveRequest]:
+        """``rid`` (the request carrying ``tag``) was taken into a prefill batch: its live record
+        when this is its first admission, else None (re-admitted after a retraction, or not live:
+        a request that reused a live request's rid is not that request)."""
         live = self._live.get(rid)
-        if live is None or live.running:
+        if live is None or live.tag is not tag or live.running:
             return None
         live.running = True
         if live.admitted:
@@ -75,9 +76,13 @@ class RequestLifecycle:
         live.admitted = True
         return live
 
-    def left(self, rid: str) -> Optional[LiveRequest]:
-        """``rid`` left SGLang (finished or aborted): its record, or None if it was not live."""
-        return self._live.pop(rid, None)
+    def left(self, rid: str, tag: Optional[TurnTag] = None) -> Optional[LiveRequest]:
+        """``rid`` left SGLang (finished or aborted): its record, or None if it was not live (with
+        ``tag``: the leaving request's, None when the live one under ``rid`` is another request)."""
+        live = self._live.get(rid)
+        if live is None or (tag is not None and live.tag is not tag):
+            return None
+        return self._live.pop(rid)
 
     def programs_in_flight(self) -> Counter:
         """Live requests per program state (the incarnation each arrived under)."""

@@ -2,7 +2,9 @@
 
 Every series is declared once in ``core/series.py``. Created in the scheduler process; SGLang
 runs prometheus_client in multiprocess mode, so gauges use ``multiprocess_mode="mostrecent"``
-and counters aggregate across processes.
+and counters aggregate across processes. Each scheduler writes its own series: labelled with its
+tensor-parallel rank and its data-parallel rank (with ``--dp-size N`` every rank's scheduler is
+``tp_rank`` 0, and without ``dp_rank`` their gauges would overwrite one another).
 """
 
 from __future__ import annotations
@@ -48,8 +50,8 @@ def gauge_values(
 
 
 class ContinuumMetrics:
-    def __init__(self, tp_rank: int = 0) -> None:
-        self._labels = {"tp_rank": str(tp_rank)}
+    def __init__(self, tp_rank: int = 0, dp_rank: int = 0) -> None:
+        self._labels = {"tp_rank": str(tp_rank), "dp_rank": str(dp_rank)}
         self._metrics: dict[str, object] = {}
         self._last: dict[str, float] = {}  # values at the last update (only changes are written)
         self._add(s for s in SERIES if not s.host_only)

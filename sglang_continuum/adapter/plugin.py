@@ -16,9 +16,19 @@ policy when they run, so any other policy leaves SGLang exactly as it was:
 
 * ``TokenizerManager._validate_one_request`` (BEFORE): rejects out-of-vocabulary token ids with
   a 400 instead of letting them crash the scheduler.
-* ``Scheduler.close_session`` (AROUND): ``/close_session`` with a program's id (its
-  ``session_id``) ends the program after the fact -- pins and host pins released at once --
-  for agents that cannot know in advance which turn is their last.
+* ``TokenizerManager.generate_request`` (BEFORE, in the HTTP process): every generation request
+  (native ``/generate``, the OpenAI endpoints, the gRPC bridge, the Python engine) carries the
+  sender's program scope in ``custom_params[metadata.SCOPE_KEY]`` -- with ``program_scope_header``,
+  a hash of that header's value; otherwise none -- overwriting or removing whatever the client put
+  under that key, so no client can send a scope it was not given.
+* ``TokenizerManager.close_session`` (BEFORE, in the HTTP process) and ``Scheduler.close_session``
+  (AROUND): ``/close_session`` with a program's id (its ``session_id``) ends the program after the
+  fact -- pins and host pins released at once -- for agents that cannot know in advance which turn
+  is their last; only the sender's own program (its scope travels in the session id,
+  ``metadata.close_session_id``), never an inferred one.
+* ``Scheduler._abort_on_queued_limit`` (AROUND): with ``--max-queued-requests``, first turns the
+  door holds are counted apart: a later turn of an admitted program is refused only when the
+  queue is full without them (so the queue holds at most twice the limit).
 * ``OpenAIServingBase.handle_request`` (AROUND, in the HTTP process): program metadata sent as
   top-level fields of an OpenAI chat/completions body (``job_id``, ``is_last_step``, ...: the keys
   ``custom_params`` takes), which SGLang's request models drop, is copied into the request's
@@ -48,6 +58,9 @@ INIT_POLICY = "sglang.srt.managers.scheduler.Scheduler.init_schedule_policy"
 RESOLVE_ARGS = "sglang.srt.server_args.ServerArgs.resolve_once"
 VALIDATE_REQUEST = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
 CLOSE_SESSION = "sglang.srt.managers.scheduler.Scheduler.close_session"
+QUEUED_LIMIT = "sglang.srt.managers.scheduler.Scheduler._abort_on_queued_limit"
+SCOPE_GENERATE = "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request"
+SCOPE_CLOSE = "sglang.srt.managers.tokenizer_manager.TokenizerManager.close_session"
 DP_ROUTE = "sglang.srt.managers.data_parallel_controller.DataParallelController.maybe_external_dp_rank_routing"
 OPENAI_REQUEST = "sglang.srt.entrypoints.openai.serving_base.OpenAIServingBase.handle_request"
 
@@ -89,16 +102,60 @@ def _around_init_schedule_policy(original, scheduler, *args, **kwargs):
 def _around_close_session(original, scheduler, recv_req, *args, **kwargs):
     if scheduler.schedule_policy != POLICY_NAME:
         return original(scheduler, recv_req, *args, **kwargs)
-    session_id = getattr(recv_req, "session_id", None)
+    from sglang_continuum.core.metadata import read_close_session
+
+    # the HTTP process may have wrapped the id to carry the sender's scope: SGLang gets its own back
+    session_id, program_id = read_close_session(getattr(recv_req, "session_id", None))
+    if session_id is not getattr(recv_req, "session_id", None):
+        recv_req.session_id = session_id
     cache = scheduler.tree_cache
-    if isinstance(session_id, str) and getattr(cache, "controller", None) is not None:
+    if program_id is not None and getattr(cache, "controller", None) is not None:
         try:
-            cache.end_program(session_id)
+            cache.end_program(program_id)
         except Exception:  # a client's request must never take the scheduler down
-            logger.exception("continuum: ending program %r on /close_session failed", session_id[:80])
+            logger.exception("continuum: ending program %r on /close_session failed", program_id[:80])
     if scheduler.enable_session_radix_cache or session_id in scheduler.session_controller:
         return original(scheduler, recv_req, *args, **kwargs)
     return None  # a program id that was never an opened session: SGLang would only warn
+
+
+def _around_queued_limit(original, scheduler, recv_req, *args, **kwargs):
+    """SGLang refuses an arrival when its waiting queue is at ``--max-queued-requests``. First
+    turns the door holds are part of that queue, and would make it refuse the later turns of
+    admitted programs, the turns the door holds them for: those are refused only when the queue
+    is full without the held first turns (which still count for every other arrival)."""
+    if scheduler.schedule_policy == POLICY_NAME and scheduler.max_queued_requests is not None:
+        try:
+            if _return_fits_beside_held_first_turns(scheduler, recv_req):
+                return False
+        except Exception:  # SGLang's own limit applies
+            logger.exception("continuum: counting held first turns apart from the queue limit failed")
+    return original(scheduler, recv_req, *args, **kwargs)
+
+
+def _return_fits_beside_held_first_turns(scheduler, req) -> bool:
+    queue = scheduler.waiting_queue
+    if len(queue) + 1 <= scheduler.max_queued_requests:
+        return False  # SGLang takes it anyway
+    controller = getattr(scheduler.tree_cache, "controller", None)
+    if controller is None:
+        return False
+    from sglang_continuum.adapter.request import get_tag, read_program_meta
+
+    tag = get_tag(req)  # a retracted turn is re-queued with its tag
+    if tag is not None:
+        returning = tag.meta.has_program and not tag.new_program
+    else:
+        meta = read_program_meta(req, scheduler.tree_cache.report_malformed)
+        state = controller.programs.get(meta.program_id) if meta.has_program else None
+        returning = state is not None and (state.turns_admitted > 0 or state.turns_finished > 0)
+    if not returning:
+        return False
+    held = 0
+    for waiting in queue:  # only while the queue is full: at most the limit
+        waiting_tag = get_tag(waiting)
+        held += waiting_tag is not None and waiting_tag.held_back and waiting_tag.new_program
+    return len(queue) - held + 1 <= scheduler.max_queued_requests
 
 
 def _around_dp_routing(original, controller, req, *args, **kwargs):
@@ -119,7 +176,8 @@ def _around_dp_routing(original, controller, req, *args, **kwargs):
 
 async def _around_openai_request(original, serving, request, raw_request, *args, **kwargs):
     """Top-level program metadata into ``custom_params`` (chat and text completions only: the
-    requests that carry ``custom_params``)."""
+    requests that carry ``custom_params``). The sender's scope is added later, on every path, by
+    ``scope_generate_request``."""
     read_json = getattr(raw_request, "json", None)  # None, or a stand-in, off the HTTP path
     if (
         callable(read_json)
@@ -141,8 +199,94 @@ async def _around_openai_request(original, serving, request, raw_request, *args,
     return await original(serving, request, raw_request, *args, **kwargs)
 
 
+_top_level_reporter = None
+
+
 def _report_top_level(program_id, problem: str) -> None:
-    logger.warning("continuum: ignoring malformed request metadata: %s", problem)
+    global _top_level_reporter
+    if _top_level_reporter is None:  # rate-bounded, as the scheduler's reports are
+        from sglang_continuum.core.metadata import MalformedReporter
+
+        _top_level_reporter = MalformedReporter()
+    _top_level_reporter(program_id, problem)
+
+
+_UNREAD = object()
+_scope_header = _UNREAD  # ``program_scope_header``, read once per process
+
+
+def _scope_header_name():
+    global _scope_header
+    if _scope_header is _UNREAD:
+        from sglang_continuum.core.settings import ContinuumSettings
+
+        _scope_header = ContinuumSettings.load().program_scope_header
+    return _scope_header
+
+
+def request_scope(request):
+    """The sender's scope: a hash of its ``program_scope_header`` value; None without the setting,
+    the header, or an HTTP request (the Python engine)."""
+    name = _scope_header_name()
+    headers = getattr(request, "headers", None)
+    if name is None or headers is None:
+        return None
+    value = headers.get(name)
+    if not isinstance(value, str) or not value.strip():
+        return None
+    from sglang_continuum.core.metadata import scope_of
+
+    return scope_of(value.strip())
+
+
+def _scope_sampling_params(params, scope) -> None:
+    """Write ``scope`` into one request's sampling params' ``custom_params`` (a new dict: the
+    client's may be shared), or remove a scope the client sent when it has none."""
+    from sglang_continuum.core.metadata import SCOPE_KEY
+
+    custom = params.get("custom_params")
+    if scope is None:
+        if isinstance(custom, dict) and SCOPE_KEY in custom:
+            params["custom_params"] = {k: v for k, v in custom.items() if k != SCOPE_KEY}
+    elif custom is None or isinstance(custom, dict):
+        params["custom_params"] = {**(custom or {}), SCOPE_KEY: scope}
+    # any other custom_params is SGLang's to refuse and the metadata reader's to report
+
+
+def scope_generate_request(manager, obj, request=None, *args, **kwargs):
+    """BEFORE ``TokenizerManager.generate_request``: every generation path passes here, so a scope
+    in ``custom_params`` is always the one this process derived, never the client's."""
+    if _policy_of(manager.server_args) != POLICY_NAME:
+        return None
+    try:
+        scope = request_scope(request)
+    except Exception:  # served unscoped, but never under a scope the client sent
+        logger.exception("continuum: reading the request's program scope failed")
+        scope = None
+    try:
+        sampling = getattr(obj, "sampling_params", None)
+        if sampling is None and scope is not None:
+            obj.sampling_params = sampling = {}
+        for params in sampling if isinstance(sampling, list) else (sampling,):
+            if isinstance(params, dict):
+                _scope_sampling_params(params, scope)
+    except Exception:
+        logger.exception("continuum: scoping the request's program id failed")
+    return None
+
+
+def scope_close_session(manager, obj, request=None, *args, **kwargs):
+    """BEFORE ``TokenizerManager.close_session``: the sender's scope travels in the session id
+    (``CloseSessionReqInput`` has no other field that reaches the scheduler)."""
+    if _policy_of(manager.server_args) != POLICY_NAME:
+        return None
+    try:
+        from sglang_continuum.core.metadata import close_session_id
+
+        obj.session_id = close_session_id(obj.session_id, request_scope(request))
+    except Exception:
+        logger.exception("continuum: scoping /close_session failed")
+    return None
 
 
 def check_token_ids(manager, obj, input_ids, *args, **kwargs):
@@ -164,6 +308,11 @@ def _after_resolve(result, server_args, *args, **kwargs):
 
         check_supported(server_args)  # in the launcher: a clear refusal before any scheduler starts
         settings = check_active()
+        if settings.program_scope_header and (getattr(server_args, "tokenizer_worker_num", 1) or 1) > 1:
+            raise ContinuumPluginError(
+                "program_scope_header needs --tokenizer-worker-num 1: SGLang's extra tokenizer "
+                "workers load no plugin, so their requests would carry no scope (and a client's own)"
+            )
         if settings.stats_path and multiprocessing.parent_process() is None:
             _stop_schedulers_gracefully_at_shutdown()
     return result
@@ -241,6 +390,9 @@ def register() -> None:
         (RESOLVE_ARGS, _after_resolve, HookType.AFTER),
         (VALIDATE_REQUEST, check_token_ids, HookType.BEFORE),
         (CLOSE_SESSION, _around_close_session, HookType.AROUND),
+        (QUEUED_LIMIT, _around_queued_limit, HookType.AROUND),
+        (SCOPE_GENERATE, scope_generate_request, HookType.BEFORE),
+        (SCOPE_CLOSE, scope_close_session, HookType.BEFORE),
         (DP_ROUTE, _around_dp_routing, HookType.AROUND),
         (OPENAI_REQUEST, _around_openai_request, HookType.AROUND),
     ):

@@ -32,7 +32,7 @@ from sglang.srt.server_args import ServerArgs
 from sglang_continuum.adapter.host_tier import HostTier
 from sglang_continuum.adapter.inference import is_inferred
 from sglang_continuum.adapter.lifecycle import RequestLifecycle
-from sglang_continuum.adapter.request import context_tokens, read_program_meta, set_tag
+from sglang_continuum.adapter.request import context_tokens, get_tag, read_program_meta, set_tag
 from sglang_continuum.adapter.runtime import ContinuumRuntime
 from sglang_continuum.core.clock import Clock, StepClock, default_clock
 from sglang_continuum.core.controller import ContinuumController
@@ -76,6 +76,7 @@ class ContinuumRadixCache(UnifiedRadixCache):
         # whether the prefill selection under way took a turn of a program (set by the binding)
         self.program_taken: Optional[Callable[[str], bool]] = None
         self.lifecycle = RequestLifecycle()  # SGLang's live requests that the plugin has seen
+        self.reused_rids = 0  # requests that arrived under a live request's rid (served without a program)
         super().__init__(params)
         self.settings = settings or ContinuumSettings.load()
         # SGLang builds this class as cache_class(params): the clock comes from the seam
@@ -141,10 +142,20 @@ class ContinuumRadixCache(UnifiedRadixCache):
         """``req`` is in SGLang's waiting queue now, behind ``waiting_ahead`` requests: a turn
         arrived, or a retracted one is back."""
         live = self.lifecycle.get(req.rid)
-        if live is not None:
+        if live is not None and get_tag(req) is live.tag:  # a retracted turn, queued again
             self.lifecycle.requeued(req.rid)
             self.controller.turn_requeued(live.tag, waiting_ahead=waiting_ahead)
             return live.tag
+        if live is not None:
+            # another request under the rid of one still live (rids are unique per tokenizer
+            # manager, not across entry points): served as one without a program, untracked, so
+            # that nothing of the live one's is touched
+            self.reused_rids += 1
+            log = logger.warning if self.reused_rids == 1 else logger.debug  # one line, not one per request
+            log("continuum: request id %r reused while live; served without a program", req.rid[:64])
+            tag = self.controller.turn_arrived(ProgramMeta(), waiting_ahead=waiting_ahead)
+            set_tag(req, tag)
+            return tag
         if _aborted(req):
             # SGLang aborted it before it could run (prompt over the pool's limit, session not
             # found, ...): an error on its way to the client, nobody's turn and never held back
@@ -179,7 +190,7 @@ class ContinuumRadixCache(UnifiedRadixCache):
         """``req`` was just taken into a prefill batch and holds its own lock on its prefix.
         Returns the tokens its admission loaded back from host (its batch waits on them)."""
         host_loaded = int(getattr(req, "host_loaded_length", 0) or 0)
-        live = self.lifecycle.admitted(req.rid)
+        live = self.lifecycle.admitted(req.rid, get_tag(req))
         if live is None:  # back after a retraction (admitted once already), or not ours
             return 0
         self.turn_admitted(
@@ -220,10 +231,10 @@ class ContinuumRadixCache(UnifiedRadixCache):
         aborted = _aborted(req)
         if not (req.finished() or aborted):  # retracted: it queues again; its pin must not hold memory meanwhile
             live = self.lifecycle.get(req.rid)
-            if live is not None:
+            if live is not None and live.tag is get_tag(req):
                 self._release(self.controller.turn_retracted(live.tag))
             return
-        live = self.lifecycle.left(req.rid)
+        live = self.lifecycle.left(req.rid, get_tag(req))
         if live is None:
             return
         tag = live.tag

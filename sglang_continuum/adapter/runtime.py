@@ -77,7 +77,7 @@ class ContinuumRuntime:
                 controller.programs.__contains__, rt.clock, event_log=rt.event_log, single_shot=single_shot
             )
         if enable_metrics:
-            rt.metrics = ContinuumMetrics(tp_rank=tp_rank)
+            rt.metrics = ContinuumMetrics(tp_rank=tp_rank, dp_rank=_dp_rank())
             if host_tier:
                 rt.metrics.add_host_series()
         return rt
@@ -93,8 +93,7 @@ class ContinuumRuntime:
         if tp_size > 1:
             logger.warning("continuum: shared tool statistics are off: they need tp_size 1 (got %d)", tp_size)
             return None
-        parallel = get_parallel()
-        dp_rank, dp_size = parallel.dp_rank or 0, parallel.num_dp_ranks  # dp_rank None: no DP controller
+        dp_rank, dp_size = _dp_rank(), get_parallel().num_dp_ranks
         try:
             keys = read_keys(s.stats_key_file) if s.stats_key_file else None
             exchange = StatsExchange(
@@ -174,3 +173,9 @@ class ContinuumRuntime:
         if self.exchange is not None:
             self.exchange.close()
             self.exchange = None
+
+
+def _dp_rank() -> int:
+    """This scheduler's data-parallel rank, read as SGLang's scheduler reads it (None: no DP
+    controller, one rank)."""
+    return get_parallel().dp_rank or 0

@@ -2,14 +2,16 @@
 incrementally.
 
 A waiting request's key (``ContinuumController.priority_key``) changes only when it is re-queued
-(retraction), when its program's pin comes or goes, or when it becomes overdue (bounded
+(retraction), when its program's pin comes or goes, when its program's first turn is admitted
+ahead of it (it is no new program's turn any more), or when it becomes overdue (bounded
 waiting). Between steps SGLang only removes admitted or aborted requests (which keeps the queue
 sorted) and appends arrivals at the tail. So the queue stays sorted by the key each request was
 placed with (stored on the request), and a step does only:
 
 * arrivals: the tail of requests without a placed key, each inserted by bisection;
 * pin changes: the requests of the programs whose pin changed since the last step (the pin
-  table's change log; an index program -> placed requests), moved;
+  table's change log; an index program -> placed requests), and of the programs admitted for the
+  first time while another of their turns waited (the controller's ``rekeyed``), moved;
 * overdue: requests whose bound passed, moved: a heap by the overtaking clock at which they are
   overtaken as many times as their budget.
 
@@ -37,6 +39,7 @@ from sglang.srt.managers.schedule_policy import SchedulePolicy
 
 from sglang_continuum.adapter.radix_cache import ContinuumRadixCache
 from sglang_continuum.adapter.request import get_tag
+from sglang_continuum.core.priority import NEW, door_exempt
 
 logger = logging.getLogger(__name__)
 AUDIT_EVERY = 128  # steps between cheap order audits (catches requests re-queued behind our back)
@@ -74,6 +77,12 @@ class ContinuumSchedulePolicy(SchedulePolicy):
         self._by_program: dict[str, list[Req]] = {}  # placed requests per program (lazily pruned)
         self._indexed = 0
         self._due: list[tuple[int, int, Req]] = []  # (overdue after N admissions, rank, request)
+        # the requests placed in the last class (``NEW``), pruned lazily: first turns of new programs
+        # as (prompt tokens, placed key, request), whose shortest tells when every one is held, and
+        # those the door never holds (no program) as (negated ranks, placed key, request), whose
+        # latest tells whether one waits behind a held first turn
+        self._first_turns: list[tuple[int, tuple, Req]] = []
+        self._exempt: list[tuple[tuple, tuple, Req]] = []
         self._steps = 0
         self.sorts = 0  # full sorts (a benchmark and test figure)
         self.moves = 0  # incremental insertions and moves
@@ -82,6 +91,26 @@ class ContinuumSchedulePolicy(SchedulePolicy):
     def mark_stale(self) -> None:
         """Order unknown (e.g. the cache was flushed): sort fully at the next step."""
         self._rebuild = True
+
+    def shortest_first_turn(self, queue: List[Req]) -> Optional[int]:
+        """The prompt tokens of the shortest first turn of a new program in ``queue`` (None: none)."""
+        top = self._top(self._first_turns, queue)
+        return None if top is None else top[0]
+
+    def exempt_behind(self, queue: List[Req], key: tuple) -> bool:
+        """Whether a request the door never holds waits in ``queue`` behind the one placed at ``key``."""
+        top = self._top(self._exempt, queue)
+        return top is not None and top[1] > key
+
+    def _top(self, heap: list, queue: List[Req]) -> Optional[tuple]:
+        """The top of one of the last class's heaps; an entry whose request left the queue, or was
+        placed again, goes when it reaches the top."""
+        while heap:
+            _, key, req = heap[0]
+            if getattr(req, KEY_ATTR, None) is key and self._waiting(queue, req, key):
+                return heap[0]
+            heapq.heappop(heap)
+        return None
 
     def requeued(self, req: Req) -> None:
         """``req`` entered the waiting queue (arrival or retraction): place it afresh."""
@@ -96,6 +125,7 @@ class ContinuumSchedulePolicy(SchedulePolicy):
     ) -> None:
         super().calc_priority(waiting_queue, running_batch, processed_tokens)
         queue = waiting_queue
+        rekeyed, self.continuum_cache.controller.rekeyed = self.continuum_cache.controller.rekeyed, set()
         if not queue:
             self._forget_all()
             return
@@ -115,6 +145,8 @@ class ContinuumSchedulePolicy(SchedulePolicy):
         controller = cache.controller
         changed = controller.pins.changed_since(self._pins_version)
         self._pins_version = controller.pins.version
+        if changed is not None:
+            changed |= rekeyed
         self._steps += 1
         if self._steps % AUDIT_EVERY == 0 and not self._sorted(queue[:cut]):
             logger.warning("continuum: waiting queue found out of order; re-sorting")
@@ -131,7 +163,7 @@ class ContinuumSchedulePolicy(SchedulePolicy):
             for req in arrivals:
                 self._insert(queue, req)
             limit = 2 * len(queue) + 64
-            if self._indexed > limit or len(due) > limit:
+            if self._indexed > limit or len(due) > limit or len(self._first_turns) + len(self._exempt) > limit:
                 self._reindex(queue)
         if self.verify:
             self.check_order(queue)
@@ -168,7 +200,17 @@ class ContinuumSchedulePolicy(SchedulePolicy):
         after = controller.bounded.overdue_after(tag)
         if after is not None and after > controller.bounded.overtake_clock:
             heapq.heappush(self._due, (after, tag.request_rank, req))
+        if key[0] == NEW:
+            if door_exempt(tag):
+                heapq.heappush(self._exempt, ((-key[1], -key[2]), key, req))
+            else:
+                heapq.heappush(self._first_turns, (len(req.origin_input_ids), key, req))
         return key
+
+    @staticmethod
+    def _waiting(queue: List[Req], req: Req, key: tuple) -> bool:
+        i = bisect.bisect_left(queue, key, key=_placed_key)
+        return i < len(queue) and queue[i] is req
 
     def _insert(self, queue: List[Req], req: Req) -> None:
         key = self._place(req)
@@ -205,6 +247,8 @@ class ContinuumSchedulePolicy(SchedulePolicy):
 
     def _sort_all(self, queue: List[Req]) -> None:
         self._due.clear()
+        self._first_turns.clear()
+        self._exempt.clear()
         for req in queue:
             self._place(req)
         queue.sort(key=_placed_key)
@@ -220,6 +264,16 @@ class ContinuumSchedulePolicy(SchedulePolicy):
                 self._by_program.setdefault(pid, []).append(req)
         self._indexed = sum(map(len, self._by_program.values()))
         self._due = self._pruned(self._due, queue)
+        self._first_turns = self._pruned_last(self._first_turns, queue)
+        self._exempt = self._pruned_last(self._exempt, queue)
+
+    def _pruned_last(self, heap: list, queue: List[Req]) -> list:
+        """One of the last class's heaps without the entries of requests that left or moved."""
+        if len(heap) <= len(queue):
+            return heap
+        heap = [e for e in heap if getattr(e[2], KEY_ATTR, None) is e[1] and self._waiting(queue, e[2], e[1])]
+        heapq.heapify(heap)
+        return heap
 
     @staticmethod
     def _pruned(heap: list, queue: List[Req]) -> list:
@@ -240,3 +294,5 @@ class ContinuumSchedulePolicy(SchedulePolicy):
         self._by_program.clear()
         self._indexed = 0
         self._due.clear()
+        self._first_turns.clear()
+        self._exempt.clear()

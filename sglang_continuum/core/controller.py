@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from dataclasses import replace
 from typing import Callable, Optional, Sequence
 
 from sglang_continuum.core.clock import Clock
@@ -31,7 +32,7 @@ from sglang_continuum.core.counters import (
     counter_values,
 )
 from sglang_continuum.core.host_pins import HostPins
-from sglang_continuum.core.metadata import ProgramMeta
+from sglang_continuum.core.metadata import SOURCE_NONE, ProgramMeta
 from sglang_continuum.core.offload import LearnedReload, ReloadCost
 from sglang_continuum.core.pinning import Pinning
 from sglang_continuum.core.pins import Pin, PinTable
@@ -70,7 +71,10 @@ class ContinuumController:
         self.door = self.rules.door(settings.admission_control, self.stats, self.ttl_model.rebuild_s)
         self.ttl_model.read_engine(self.door.engine)  # without a measured profile: the engine's prefill rate
         self.programs = ProgramRegistry(
-            idle_timeout_s=self.timings.program_idle_timeout_s, watcher=self.door.working_set
+            idle_timeout_s=self.timings.program_idle_timeout_s,
+            watcher=self.door.working_set,
+            # the bound drops no program whose pin (device or host) holds its context for its return
+            holds_memory=lambda state: state.program_id in self.pins or state.program_id in self.host.pins,
         )
         self.silence = Silence(self.stats, self.programs)  # programs whose clients announce no ends
         self.pins = PinTable(budget_tokens, ceiling_tokens=pin_ceiling_tokens)  # the ceiling: resident pins
@@ -96,6 +100,7 @@ class ContinuumController:
         # each tool sample recorded here is also handed to this (a StatsExchange's record)
         self.share_sample: Optional[Callable[[str, str, float], None]] = None
         self.last_admission: Optional[AdmissionRecord] = None  # the latest turn_admitted's record
+        self.rekeyed: set[str] = set()  # programs whose waiting turns' queue keys changed (drained by the order)
 
     def attach_host_tier(
         self, *, reload: ReloadCost, host_budget_tokens: int, hold_cost: float, learn_reload: bool = False
@@ -129,6 +134,11 @@ class ContinuumController:
                 self._record_tool_sample(DURATION, late[0], late[1])
                 self._record_tool_sample(OUTCOME, late[0], 1.0)
         state, ret = self.programs.turn_arrived(meta.program_id, now, rank)
+        if state is None:  # a new id the full registry turned away: served as a turn without one
+            self.program_counters.refused += 1
+            tag = TurnTag(replace(meta, program_id=None, source=SOURCE_NONE), rank, rank, now)
+            self._enter(tag, now, waiting_ahead)
+            return tag
         state.announces_end |= meta.announces_end
         if state.turns_arrived == 1:
             state.first_step = meta.step
@@ -194,6 +204,8 @@ class ContinuumController:
         if pid is None or not self._current(tag.meta, tag):
             return None
         state = self.programs.turn_admitted(pid, now, context_tokens)
+        if state is not None and state.turns_admitted == 1 and state.in_flight > 1:
+            self.rekeyed.add(pid)  # its other waiting turns are no new program's any more (``priority.py``)
         lost = state is not None and state.pin_lost_waiting
         if lost:
             state.pin_lost_waiting = False

@@ -58,6 +58,7 @@ class ProgramCounters:
     terminal_tool: int = 0  # ended by a turn that called a terminal tool (a submit)
     released: int = 0  # ended by the client after the fact (/close_session)
     forgotten: int = 0  # dropped idle or by the registry bound
+    refused: int = 0  # new ids the full registry turned away (nothing it may drop): served without one
     presumed_ended: int = 0  # silent past their own return horizon (their clients announce no ends)
     presumed_returned: int = 0  # ... of which came back after all (served as new programs)
     not_returned: int = 0  # ended while out on a tool call: that tool's return probability falls

@@ -4,8 +4,10 @@ working set it weighs.
 **The working set** is the context tokens of programs admitted at least once and seen within
 ``window_s`` (longer with a host tier, where a program's KV waits out a tool call unpinned): the
 programs the pool should hold for their next turn. Each counts at least at the expected final
-context, the mean context of the programs that ended lately: agent contexts grow, so a first turn
-is a fraction of what its program will need. A program whose KV the policy keeps nothing of while
+context, the mean context of the programs that ended lately (not a single request under an id of
+its own whose client announces no ends: it teaches nothing of how agents grow; nor a program the
+registry's bound dropped): agent contexts grow, so a first turn is a fraction of what its program
+will need. A program whose KV the policy keeps nothing of while
 it is out on a tool leaves at once (``kept_nothing``), unless a host tier keeps it.
 
 **The door** holds a first turn while the capacity cannot hold the working set plus the turn's own
@@ -13,8 +15,12 @@ reservation. An overdue first turn waits for room like any other (bounded waitin
 queue; it does not open the door, and an open door is how the wave that thrashes the pool gets in),
 but it waits first: while an overdue first turn is held, the first turns behind it wait too, so that
 smaller new programs cannot take, one after another, the room it waits for. Later turns,
-continuations found by prefix and requests without a program id are never held, and the adapter
-never holds a turn when holding it would idle the engine.
+continuations found by prefix and requests without a program id are never held
+(``priority.door_exempt``), and the adapter never holds a turn when holding it would idle the
+engine. The queue order puts first turns last (``priority.py``): once one is held, not even the
+shortest first turn waiting would fit (``over_capacity``) and no turn the door never holds waits
+behind it, every turn behind it would be held too, and the adapter ends its walk of the queue
+there: a step costs the same however many first turns wait.
 
 The capacity is the adapter's: the device pool, or with HiCache what the two tiers hold together.
 Past that, letting more programs in only makes the host tier cycle (every return a re-prefill);
@@ -46,7 +52,7 @@ from collections import OrderedDict, deque
 from typing import Callable, Iterator, Optional
 
 from sglang_continuum.core.engine_time import EngineTime
-from sglang_continuum.core.metadata import SOURCE_INFERRED
+from sglang_continuum.core.priority import door_exempt
 from sglang_continuum.core.programs import ProgramState, RegistryWatcher
 from sglang_continuum.core.return_loss import ReturnLossMeter
 from sglang_continuum.core.tool_stats import ToolStats
@@ -58,6 +64,11 @@ WORKING_SET_WINDOW_S = 30.0  # a program unseen this long (out on a tool) leaves
 # for minutes do not keep new ones out
 HOST_TIER_WORKING_SET_WINDOW_S = 120.0
 FINAL_CONTEXT_WINDOW = 64  # ended programs whose final contexts give the expected one
+# an ended program teaches how far programs grow only if it ran this many turns, or its client
+# announced its end: a single request under an id of its own (a per-request session id or routing
+# key, from a client that knows nothing of programs) is no agent program, and a client sending
+# them must not pull every program's growth reservation down
+FINAL_CONTEXT_MIN_TURNS = 2
 BINDING_S = 5.0  # the door binds for this long after it held a first turn
 RESIDENT_QUANTILE = 0.9  # a resident program's pin lasts this quantile of its tool's times
 RESIDENT_MIN_SAMPLES = 8  # ... known from this many of them (else from every tool's)
@@ -147,8 +158,9 @@ class WorkingSet(RegistryWatcher):
 
     def forgotten(self, state: ProgramState, *, learn: bool = True) -> None:
         self._leave(state)
-        if not learn or state.context_tokens <= 0:
-            return  # never admitted: says nothing about how far programs grow
+        single = state.turns_finished < FINAL_CONTEXT_MIN_TURNS and not state.announces_end
+        if not learn or state.context_tokens <= 0 or single:
+            return  # never admitted, or a single request: says nothing about how far programs grow
         if len(self._final_contexts) == self._final_contexts.maxlen:
             self._final_sum -= self._final_contexts[0]
         self._final_contexts.append(state.context_tokens)
@@ -323,7 +335,7 @@ class Door:
         them every first turn of a selection would see the same room, and a wave of new programs
         would pass together); ``behind_overdue``: an overdue first turn ahead of it is held.
         A paused return (``pauses``) is weighed as a first turn is."""
-        if not self.enabled or idle or not tag.meta.has_program or tag.meta.source == SOURCE_INFERRED:
+        if not self.enabled or idle or door_exempt(tag):
             return False
         if state is None:
             return False
@@ -337,11 +349,17 @@ class Door:
             return False
         self.capacity_tokens = capacity_tokens
         self._price_growth()
-        demand = working.reserved_tokens() + max(request_tokens, working.floor)
-        held = demand + pending_tokens > capacity_tokens
+        held = self.over_capacity(request_tokens, capacity_tokens, pending_tokens)
         if held and first_turn:
             self.binding_until = now + BINDING_S
         return held
+
+    def over_capacity(self, request_tokens: int, capacity_tokens: int, pending_tokens: int = 0) -> bool:
+        """Whether a turn of ``request_tokens`` would overfill ``capacity_tokens`` beside the working
+        set's reservation and ``pending_tokens``: ``holds_back``'s room check, read on the state the
+        door last priced (a pure read)."""
+        working = self.working_set
+        return working.reserved_tokens() + max(request_tokens, working.floor) + pending_tokens > capacity_tokens
 
     def reservation(self, tag: TurnTag, request_tokens: int) -> int:
         """What admitting ``tag``'s turn adds to the working set's reservation (0 for a request

@@ -6,13 +6,23 @@ Clients put these keys in ``custom_params`` (OpenAI ``extra_body={"custom_params
 ``custom_params.program_id``, SGLang's ``session_id``, and SGLang's routing key (the
 ``X-SMG-Routing-Key`` header of the OpenAI endpoints, or ``routing_key`` in a native ``/generate``
 body); a request with none of them may still be attributed to a program from its prefix
-(``program_inference.py``). Malformed values are reported once per program and ignored: a request
-whose program id cannot be read is served exactly as under FCFS.
+(``program_inference.py``). Malformed values are reported (rate-bounded, ``MalformedReporter``) and
+ignored: a request whose program id cannot be read is served exactly as under FCFS.
+
+Ids starting with ``RESERVED_PREFIX`` are the plugin's own (inferred programs, scoped ids): one a
+client sends is malformed, so no client can name, join or end a program it did not make. Where
+the operator scopes program ids (``program_scope_header``), the HTTP process writes the sender's
+scope (``scope_of`` its credential or tenant header) into ``custom_params[SCOPE_KEY]``, overwriting
+whatever the client sent there, and the effective id is ``scoped_program_id(scope, client id)``:
+two tenants' ``run-1`` are two programs. ``/close_session`` carries the scope in its session id
+(``close_session_id`` / ``read_close_session``), since SGLang's close request has no other field.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
@@ -40,8 +50,22 @@ SOURCE_FIRST_TURN = "first_turn"  # no id, continued nothing, taken as a new pro
 SOURCE_NONE = "none"
 SOURCES = (SOURCE_PROGRAM_ID, SOURCE_SESSION_ID, SOURCE_ROUTING_KEY, SOURCE_INFERRED, SOURCE_FIRST_TURN, SOURCE_NONE)
 
+# The plugin's own id namespace: inferred programs (``INFERRED_PREFIX``), scoped ids and
+# ``/close_session`` envelopes. A client id in it is malformed (``_read_program_id``).
+RESERVED_PREFIX = "continuum:"
+INFERRED_PREFIX = RESERVED_PREFIX + "inferred-"  # ``adapter/inference.py``'s ProgramIndex ids
+_SCOPED_PREFIX = RESERVED_PREFIX + "t-"  # + scope + ":" + the client's id
+_CLOSE_PREFIX = RESERVED_PREFIX + "close-"  # + scope (or nothing) + ":" + the client's session id
+# custom_params key the HTTP process writes (overwriting the client's): the sender's scope. Named
+# like SGLang's own private custom_params keys (``__sglang_reasoning_end_token_ids``).
+SCOPE_KEY = "__continuum_scope"
+SCOPE_HEX_LEN = 24  # 96 bits of blake2b: a tenant cannot craft a credential that collides with another's
+_SCOPE_PERSON = b"continuum-scope"
+_HEX = frozenset("0123456789abcdef")
+
 MAX_PROGRAM_ID_LEN = 256
 MAX_TOOL_NAME_LEN = 128
+MAX_STEP = 1 << 31
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -81,11 +105,23 @@ def _first(params: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
     return None
 
 
+def _show(value: Any, limit: int = 200) -> str:
+    """A bounded ``repr`` that cannot raise (an int past CPython's 4,300-digit limit does)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
+        return f"<{value.bit_length()}-bit integer>"
+    try:
+        return repr(value[: limit + 1] if isinstance(value, str) else value)[:limit]
+    except Exception:
+        return f"<{type(value).__name__}>"
+
+
 def _read_program_id(value: Any) -> Optional[str]:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise _Malformed(f"program id must be a string or integer, got {type(value).__name__}")
+    if isinstance(value, int) and value.bit_length() > 4 * MAX_PROGRAM_ID_LEN:  # str() would be slow or raise
+        raise _Malformed(f"program id longer than {MAX_PROGRAM_ID_LEN} characters")
     text = str(value).strip()
     if not text:
         raise _Malformed("program id is empty")
@@ -93,7 +129,27 @@ def _read_program_id(value: Any) -> Optional[str]:
         raise _Malformed(f"program id longer than {MAX_PROGRAM_ID_LEN} characters")
     if not text.isprintable():  # newlines would forge log lines; ESC and NUL reach terminals
         raise _Malformed(f"program id contains control characters: {text[:40]!r}")
+    if text.startswith(RESERVED_PREFIX):  # inferred and scoped ids are the plugin's to make
+        raise _Malformed(f"program id {text[:40]!r} is in the reserved namespace {RESERVED_PREFIX!r}")
     return text
+
+
+def scope_of(credential: str) -> str:
+    """The scope of a credential or tenant name: a fixed-length hash, so the credential itself never
+    leaves the HTTP process and ``scoped_program_id`` stays unambiguous."""
+    digest = hashlib.blake2b(
+        credential.encode("utf-8", "surrogatepass"), digest_size=SCOPE_HEX_LEN // 2, person=_SCOPE_PERSON
+    )
+    return digest.hexdigest()
+
+
+def is_scope(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == SCOPE_HEX_LEN and _HEX.issuperset(value)
+
+
+def scoped_program_id(scope: Optional[str], program_id: str) -> str:
+    """The effective id of a client's ``program_id`` sent under ``scope`` (None: unscoped, as sent)."""
+    return program_id if scope is None else f"{_SCOPED_PREFIX}{scope}:{program_id}"
 
 
 def _read_bool(value: Any) -> bool:
@@ -105,7 +161,7 @@ def _read_bool(value: Any) -> bool:
         return bool(value)
     if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
         return value.strip().lower() in _TRUE
-    raise _Malformed(f"last-step flag must be a boolean, got {value!r}"[:200])
+    raise _Malformed(f"last-step flag must be a boolean, got {_show(value)}")
 
 
 def _read_step(value: Any) -> Optional[int]:
@@ -116,9 +172,9 @@ def _read_step(value: Any) -> Optional[int]:
     try:
         step = int(value)
     except ValueError:
-        raise _Malformed(f"step must be a positive integer, got {value!r}"[:200]) from None
-    if step < 1:
-        raise _Malformed(f"step must be a positive integer, got {step}")
+        raise _Malformed(f"step must be a positive integer, got {_show(value)}") from None
+    if not 1 <= step <= MAX_STEP:
+        raise _Malformed(f"step must be a positive integer up to {MAX_STEP}, got {_show(step)}")
     return step
 
 
@@ -126,18 +182,36 @@ def _read_tool_name(value: Any) -> Optional[str]:
     if value is None:
         return None
     if not isinstance(value, str) or not value.strip() or not value.strip().isprintable():
-        raise _Malformed(f"tool name must be a non-empty printable string, got {value!r}"[:200])
+        raise _Malformed(f"tool name must be a non-empty printable string, got {_show(value)}")
     return value.strip()[:MAX_TOOL_NAME_LEN]
 
 
 class MalformedReporter:
-    """Logs a malformed-metadata warning once per (program, problem); bounded memory."""
+    """Logs a malformed-metadata warning once per (program, problem), and at most ``max_lines`` per
+    ``window_s``: a client sending a new malformed value with every request cannot flood the log.
+    Past the bound, reports are counted, and the first report of a later window logs how many were
+    suppressed. ``count`` counts every report, logged or not; memory is bounded (``max_entries``)."""
 
-    def __init__(self, max_entries: int = 4096, log: Callable[..., None] = logger.warning) -> None:
+    def __init__(
+        self,
+        max_entries: int = 4096,
+        log: Callable[..., None] = logger.warning,
+        *,
+        max_lines: int = 10,
+        window_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._seen: dict[tuple[Optional[str], str], None] = {}
         self._max = max_entries
         self._log = log
+        self._max_lines = max_lines
+        self._window_s = window_s
+        self._clock = clock
+        self._window_start: Optional[float] = None
+        self._lines = 0  # logged in the current window
+        self._held = 0  # suppressed in the current window, not yet told
         self.count = 0
+        self.suppressed = 0  # new problems never logged, for the rate bound
 
     def __call__(self, program_id: Optional[str], problem: str) -> None:
         self.count += 1
@@ -147,22 +221,32 @@ class MalformedReporter:
         if len(self._seen) >= self._max:
             self._seen.pop(next(iter(self._seen)))
         self._seen[key] = None
+        now = self._clock()
+        if self._window_start is None or now - self._window_start >= self._window_s:
+            if self._held:
+                self._log(
+                    "continuum: %d more malformed request metadata reports were not logged "
+                    "(at most %d lines per %.0f s)",
+                    self._held,
+                    self._max_lines,
+                    self._window_s,
+                )
+            self._window_start, self._lines, self._held = now, 0, 0
+        if self._lines >= self._max_lines:
+            self._held += 1
+            self.suppressed += 1
+            return
+        self._lines += 1
         self._log("continuum: ignoring malformed request metadata (program=%s): %s", program_id, problem)
 
 
-def parse_program_meta(
-    custom_params: Any,
-    session_id: Any = None,
-    report: Optional[Callable[[Optional[str], str], None]] = None,
-    routing_key: Any = None,
-) -> ProgramMeta:
-    """Read program metadata; never raises. Bad fields are reported and treated as absent.
-    The program id is ``custom_params``'s, else ``session_id``, else ``routing_key``."""
-    report = report or (lambda pid, problem: logger.warning("continuum: %s (program=%s)", problem, pid))
-    params: Mapping[str, Any] = custom_params if isinstance(custom_params, Mapping) else {}
-    if custom_params is not None and not isinstance(custom_params, Mapping):
-        report(None, f"custom_params must be an object, got {type(custom_params).__name__}")
+_default_report = MalformedReporter()
 
+
+def _read_id(
+    params: Mapping[str, Any], session_id: Any, routing_key: Any, report: Callable[[Optional[str], str], None]
+) -> tuple[Optional[str], str]:
+    """The effective program id (scoped) and its source; (None, ...) when there is none."""
     program_id: Optional[str] = None
     source = SOURCE_PROGRAM_ID
     try:
@@ -176,6 +260,30 @@ def parse_program_meta(
             program_id, source = _read_program_id(fallback), name
         except _Malformed as exc:
             report(None, f"{name}: {exc}")
+    scope = params.get(SCOPE_KEY)
+    if program_id is None or scope is None:
+        return program_id, source
+    if not is_scope(scope):  # only the HTTP process writes it: never fall back to unscoped
+        report(None, f"{SCOPE_KEY} is not a scope: {_show(scope, 40)}")
+        return None, source
+    return scoped_program_id(scope, program_id), source
+
+
+def parse_program_meta(
+    custom_params: Any,
+    session_id: Any = None,
+    report: Optional[Callable[[Optional[str], str], None]] = None,
+    routing_key: Any = None,
+) -> ProgramMeta:
+    """Read program metadata; never raises. Bad fields are reported and treated as absent.
+    The program id is ``custom_params``'s, else ``session_id``, else ``routing_key``; none of them
+    may be in the reserved namespace. Under a scope (``SCOPE_KEY``, written by the HTTP process)
+    the id is ``scoped_program_id(scope, id)``."""
+    report = report or _default_report
+    params: Mapping[str, Any] = custom_params if isinstance(custom_params, Mapping) else {}
+    if custom_params is not None and not isinstance(custom_params, Mapping):
+        report(None, f"custom_params must be an object, got {type(custom_params).__name__}")
+    program_id, source = _read_id(params, session_id, routing_key, report)
     if program_id is None:
         return NO_PROGRAM
 
@@ -205,6 +313,30 @@ def parse_program_meta(
         source=source,
         announces_end=announced,
     )
+
+
+def close_session_id(session_id: Any, scope: Optional[str]) -> Any:
+    """The session id the HTTP process forwards for ``/close_session``: the client's own when it
+    is unscoped and outside the reserved namespace (exactly what SGLang forwards), else an envelope
+    that carries the sender's scope, read back by ``read_close_session`` in the scheduler. A client
+    id that looks like an envelope is itself reserved, so it is wrapped too: never read as one."""
+    if not isinstance(session_id, str) or (scope is None and not session_id.strip().startswith(RESERVED_PREFIX)):
+        return session_id
+    return f"{_CLOSE_PREFIX}{scope or ''}:{session_id}"
+
+
+def read_close_session(session_id: Any) -> tuple[Any, Optional[str]]:
+    """``/close_session``'s id as the scheduler receives it -> (SGLang's session id, the program
+    it ends: None if it names none a client may end). Never raises."""
+    report = MalformedReporter(max_entries=1, log=logger.debug)  # SGLang's own sessions need not be programs
+    scope: Optional[str] = None
+    if isinstance(session_id, str) and session_id.startswith(_CLOSE_PREFIX):
+        head, sep, raw = session_id[len(_CLOSE_PREFIX) :].partition(":")
+        if not sep or not (head == "" or is_scope(head)):
+            return session_id, None
+        session_id, scope = raw, head or None
+    params = {SCOPE_KEY: scope} if scope is not None else None
+    return session_id, parse_program_meta(params, session_id=session_id, report=report).program_id
 
 
 def merge_top_level(

@@ -4,7 +4,10 @@ The paper's agents are post-trained with their tools, so duration statistics exi
 serving. The same file doubles as the endpoint-free dump of the current statistics.
 
 * Loading validates the file against a schema: a missing file is a cold start; a truncated,
-  unreadable or wrongly shaped one is reported and ignored (the server starts cold).
+  unreadable or wrongly shaped one is reported and ignored (the server starts cold). Its entries
+  then meet the bounds live samples meet (``ToolStats.load_dict``: at most ``max_tools`` tools,
+  names a client could send, durations in [0, ``MAX_DURATION_S``], outcomes 0 or 1): an entry
+  out of bounds is left out and counted, and the rest loads.
 * Saving never runs on the scheduler's step: the step hands a snapshot to ``StatsSaver``'s
   thread (a one-slot handoff: a newer snapshot replaces one not yet written) and moves on.
   Every failure is logged once per kind and counted; serving goes on.
@@ -17,21 +20,23 @@ import os
 import tempfile
 import threading
 from pathlib import Path
-from typing import Annotated, Callable, Optional
+from typing import Any, Callable, Optional
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 logger = logging.getLogger(__name__)
 
 
 class ToolStatsFile(BaseModel):
+    """The shape only: each value is checked where live samples are (``ToolStats.load_dict``)."""
+
     model_config = ConfigDict(extra="ignore")
 
     version: int = Field(1, ge=1, le=1)
-    tools: dict[str, list[NonNegativeFloat]] = {}
-    global_: list[NonNegativeFloat] = Field(default_factory=list, alias="global")
-    returns: dict[str, list[Annotated[int, Field(ge=0, le=1)]]] = {}  # per tool: 1 came back, 0 never did
+    tools: dict[str, list[Any]] = {}  # per tool: durations (seconds)
+    global_: list[Any] = Field(default_factory=list, alias="global")
+    returns: dict[str, list[Any]] = {}  # per tool: 1 came back, 0 never did
 
 
 class StatsFile(BaseModel):
@@ -81,11 +86,14 @@ def load_stats(controller, path: str | os.PathLike) -> bool:
         "global": data.tool_stats.global_,
         "returns": data.tool_stats.returns,
     }
+    refused = controller.stats.refused
     try:
         controller.load_snapshot(tool_stats, data.signals)
     except (ValueError, TypeError, KeyError) as exc:
         logger.warning("continuum: ignoring tool statistics %s: %s", path, exc)
         return False
+    if left_out := controller.stats.refused - refused:
+        logger.warning("continuum: %d samples in %s are out of bounds; left out", left_out, path)
     logger.info("continuum: loaded tool statistics from %s", path)
     return True
 

@@ -17,7 +17,11 @@ is gone re-prefills it wherever it is placed; placed by its program's age it wou
 contexts at the head of the queue, where SGLang's prefill admission stops at the first request
 that does not fit. It still goes before new programs: it is a program already in flight, and its
 context is what the pool was sized to hold. A request with no program id is a program of its own
-that arrived with it, so a queue with no program ids at all keeps pure FCFS order.
+that arrived with it, so a queue with no program ids at all keeps pure FCFS order. A turn of a new
+program whose first turn is admitted ahead of it is a turn of a program in flight from then on
+(its key moves). So the last class holds only first turns and the requests the door never holds
+(``door_exempt``): the adapter ends its walk at a held first turn once no first turn waiting would
+fit and none of those waits behind it (``door.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from sglang_continuum.core.metadata import SOURCE_INFERRED
 from sglang_continuum.core.turns import TurnTag
 
 RETRACTED, PINNED, OVERDUE, WAITING, CONTEXT_GONE, NEW = 0, 1, 2, 3, 4, 5
@@ -33,6 +38,13 @@ QueueKey = tuple[int, int, int]
 # the share of its context a returning turn must find cached when it arrives to keep its
 # program's place
 KEEPS_PLACE = 0.5
+
+
+def door_exempt(tag: TurnTag) -> bool:
+    """A turn the door never holds, whatever the room: a request without a program id (a unit of
+    work, not a program's commitment), or a continuation found by prefix (its context is the
+    pool's already)."""
+    return not tag.meta.has_program or tag.meta.source == SOURCE_INFERRED
 
 
 def context_gone(context_tokens: int, prompt_tokens: int, cached_tokens: Optional[int]) -> bool:
@@ -75,8 +87,11 @@ class Waiting:
 
     @property
     def new_program(self) -> bool:
-        """No turn of its program had been admitted when it arrived (or no program)."""
-        return self.tag.new_program
+        """No turn of its program has been admitted, when it arrived or since (or no program): its
+        key changes when another turn of its program is admitted first (the controller's
+        ``rekeyed``)."""
+        program = self.tag.program
+        return self.tag.new_program and (program is None or program.turns_admitted == 0)
 
 
 OrderKey = Callable[[Waiting], QueueKey]  # a queue order (``core.rules.Rules.order``)

@@ -46,6 +46,9 @@ DIVERGENCE_TOKENS = 32
 MAX_APPEND_TOKENS = 32_768  # what a continuation may append at once (tool output, the agent's text)
 BLOCK_TOKENS = 64
 MAX_PROGRAMS = 100_000
+# programs kept per exact key: two live ones make it no one's, so a third can only be a tie-break
+# the lookup never makes, and a bound here bounds the work of every arrival that reaches the key
+PROGRAMS_PER_KEY = 2
 
 Key = tuple[int, int]  # (prefix length, hash of that prefix)
 _LENGTH_SHIFT = np.uint64(40)  # a block code: the length in the top 24 bits, the hash's top 40 below
@@ -57,6 +60,14 @@ def _code(length: int, h: int) -> int:
 
 def _codes(lengths: np.ndarray, hashes: np.ndarray) -> np.ndarray:
     return (lengths.astype(np.uint64) << _LENGTH_SHIFT) | (hashes >> np.uint64(24))
+
+
+def _present(sorted_codes: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """Which of ``codes`` are in ``sorted_codes`` (ascending), as a mask."""
+    if sorted_codes.size == 0:
+        return np.zeros(codes.shape, dtype=bool)
+    slots = np.minimum(np.searchsorted(sorted_codes, codes), sorted_codes.size - 1)
+    return sorted_codes[slots] == codes
 
 
 def _as_uint64(tokens: Sequence[int], n: int) -> np.ndarray:
@@ -122,24 +133,30 @@ class ProgramIndex:
         self.block = block
         self.prefix = prefix
         self.hasher = PrefixHasher()
-        # block key -> {program: its exact keys filed there}
-        self._by_block: dict[Key, dict[str, tuple[Key, ...]]] = {}
-        # the block keys as sortable integers, ascending (length first): a prompt's probes, made in
-        # ascending length, are one vectorised search; only what is found reaches the dict
+        # exact key -> the programs recorded there, oldest first, at most PROGRAMS_PER_KEY
+        self._by_key: dict[Key, list[str]] = {}
+        # program -> its exact keys (one or two), oldest record first
+        self._keys: dict[str, tuple[Key, ...]] = {}
+        # exact key -> the block it is filed under; block key -> how many exact keys are filed there
+        self._block_of: dict[Key, Key] = {}
+        self._blocks: dict[Key, int] = {}
+        # the block keys and the exact keys as sortable integers, ascending (length first): a
+        # prompt's probes, made in ascending length, are one vectorised search each; only what is
+        # found reaches the dicts
         self._sorted = np.empty(0, dtype=np.uint64)
-        # program -> its block keys, oldest record first
-        self._blocks: dict[str, tuple[Key, ...]] = {}
+        self._sorted_keys = np.empty(0, dtype=np.uint64)
         self._ids = itertools.count(1)
         self.created = 0  # inferred programs started
         self.attributed = 0  # requests attributed to a recorded program
         self.ambiguous = 0  # requests whose deepest match was two live programs' (no one's)
         self.dropped = 0  # programs' keys dropped by the bound
+        self.crowded = 0  # keys given up to newer programs recorded at the same key
 
     def __len__(self) -> int:
-        return len(self._blocks)
+        return len(self._keys)
 
     def __contains__(self, program_id: str) -> bool:
-        return program_id in self._blocks
+        return program_id in self._keys
 
     def new_program(self) -> str:
         """The id of a new inferred program (unique for this index's life)."""
@@ -158,27 +175,34 @@ class ProgramIndex:
         deep = max(prompt_tokens + 1, context_tokens - self.divergence_tokens)
         hashes = self.hasher.hashes(context, context_tokens)
         lengths = [prompt_tokens] + ([deep] if deep <= context_tokens else [])
-        keys = [(n, int(hashes[n - 1])) for n in lengths]
-        blocks = tuple(dict.fromkeys((b, int(hashes[b - 1])) for b in map(self._filed_at, lengths)))
-        for block in blocks:
-            filed = tuple(k for k in keys if self._filed_at(k[0]) == block[0])
-            programs = self._by_block.get(block)
+        keys = tuple((n, int(hashes[n - 1])) for n in lengths)
+        for key in keys:
+            block = (self._filed_at(key[0]), int(hashes[self._filed_at(key[0]) - 1]))
+            programs = self._by_key.get(key)
             if programs is None:
-                programs = self._by_block[block] = {}
-                code = _code(*block)
-                self._sorted = np.insert(self._sorted, np.searchsorted(self._sorted, code), code)
-            programs[program_id] = filed
-        self._blocks[program_id] = blocks
-        while len(self._blocks) > self.max_programs:
-            self.forget(next(iter(self._blocks)))
+                programs = self._by_key[key] = []
+                self._add_code(key, block)
+            programs.append(program_id)
+            if len(programs) > PROGRAMS_PER_KEY:
+                # the key is ambiguous while two of its newest are alive: an older one's entry
+                # there can only ever lose to them, and keeping it would make every arrival that
+                # reaches this key walk all of them (one shared prompt, many single requests)
+                self._drop_key(programs[0], key)
+                self.crowded += 1
+        self._keys[program_id] = keys
+        while len(self._keys) > self.max_programs:
+            self.forget(next(iter(self._keys)))
             self.dropped += 1
 
     def match(self, prompt: Sequence[int], alive: Callable[[str], bool] = lambda pid: True) -> Optional[str]:
         """The program whose recorded context ``prompt`` strictly extends (deepest key first), its
         keys consumed; None if there is none, or if the deepest is two live programs' (ambiguous).
-        Programs for which ``alive`` is false are forgotten on the way."""
+        Programs for which ``alive`` is false are forgotten on the way. Bounded whatever is
+        recorded: the hashes of the prompt, one vectorised search over at most
+        ``max_append_tokens / block`` block lengths plus one over the lengths of the blocks found,
+        and ``PROGRAMS_PER_KEY`` programs weighed per key found."""
         n = len(prompt)
-        if n < 2 or not self._by_block:
+        if n < 2 or not self._blocks:
             return None
         low = max(1, n - self.max_append_tokens)
         small = range(low, min(n, self.block))  # keys shorter than a block are filed at their length
@@ -187,19 +211,19 @@ class ProgramIndex:
         if lengths.size == 0:
             return None
         hashes = self.hasher.hashes(prompt, n - 1)  # a key must be strictly extended: length <= n - 1
-        at = hashes[lengths - 1]
-        codes = _codes(lengths, at)
-        slots = np.minimum(np.searchsorted(self._sorted, codes), len(self._sorted) - 1)
-        hits = np.flatnonzero(self._sorted[slots] == codes)
-        found: dict[Key, list[str]] = {}
-        for length, h in zip(lengths[hits].tolist(), at[hits].tolist()):
-            for pid, keys in self._by_block.get((length, h), {}).items():
-                for exact in keys:
-                    if exact[0] < n and int(hashes[exact[0] - 1]) == exact[1]:
-                        found.setdefault(exact, []).append(pid)
-        for exact in sorted(found, reverse=True):  # deepest first
+        found = lengths[_present(self._sorted, _codes(lengths, hashes[lengths - 1]))]
+        if found.size == 0:
+            return None
+        # every length a key filed in a found block can have, below n, deepest first
+        span = np.where(found >= self.block, self.block, 1)
+        offsets = np.arange(self.block, dtype=np.int64)
+        within = (found[:, None] + offsets[None, :])[(offsets[None, :] < span[:, None])]
+        within = within[(within >= low) & (within <= n - 1)][::-1]
+        at = hashes[within - 1]
+        exact = np.flatnonzero(_present(self._sorted_keys, _codes(within, at)))
+        for length, h in zip(within[exact].tolist(), at[exact].tolist()):
             live = []
-            for pid in dict.fromkeys(found[exact]):
+            for pid in list(self._by_key.get((length, h), ())):
                 if alive(pid):
                     live.append(pid)
                 else:
@@ -214,27 +238,60 @@ class ProgramIndex:
         return None
 
     def forget(self, program_id: str) -> None:
-        for block in self._blocks.pop(program_id, ()):
-            programs = self._by_block[block]
-            del programs[program_id]
-            if not programs:
-                del self._by_block[block]
-                code = _code(*block)
-                self._sorted = np.delete(self._sorted, np.searchsorted(self._sorted, code))
+        for key in self._keys.get(program_id, ()):
+            self._drop_key(program_id, key)
+
+    def _drop_key(self, program_id: str, key: Key) -> None:
+        """``program_id``'s entry at ``key`` goes; a program left with no key is forgotten."""
+        programs = self._by_key[key]
+        programs.remove(program_id)
+        if not programs:
+            del self._by_key[key]
+            self._remove_code(key)
+        keys = tuple(k for k in self._keys[program_id] if k != key)
+        if keys:
+            self._keys[program_id] = keys
+        else:
+            del self._keys[program_id]
+
+    def _add_code(self, key: Key, block: Key) -> None:
+        self._block_of[key] = block
+        code = _code(*key)
+        self._sorted_keys = np.insert(self._sorted_keys, np.searchsorted(self._sorted_keys, code), code)
+        count = self._blocks.get(block, 0)
+        self._blocks[block] = count + 1
+        if count == 0:
+            code = _code(*block)
+            self._sorted = np.insert(self._sorted, np.searchsorted(self._sorted, code), code)
+
+    def _remove_code(self, key: Key) -> None:
+        self._sorted_keys = np.delete(self._sorted_keys, np.searchsorted(self._sorted_keys, _code(*key)))
+        block = self._block_of.pop(key)
+        count = self._blocks[block] - 1
+        if count:
+            self._blocks[block] = count
+        else:
+            del self._blocks[block]
+            self._sorted = np.delete(self._sorted, np.searchsorted(self._sorted, _code(*block)))
 
     def forget_all(self, program_ids: Iterable[str]) -> None:
         for pid in program_ids:
             self.forget(pid)
 
     def check_integrity(self) -> None:
-        assert len(self._blocks) <= self.max_programs, "index over its bound"
-        for pid, blocks in self._blocks.items():
-            assert 1 <= len(blocks) <= 2, f"{pid} is filed under {len(blocks)} blocks"
-            keys = [k for b in blocks for k in self._by_block[b][pid]]
+        assert len(self._keys) <= self.max_programs, "index over its bound"
+        for pid, keys in self._keys.items():
             assert 1 <= len(keys) <= 2 and len(set(keys)) == len(keys), f"{pid} has keys {keys}"
-            for block in blocks:
-                assert all(self._filed_at(k[0]) == block[0] for k in self._by_block[block][pid]), f"{pid} misfiled"
-        filed = sum(len(programs) for programs in self._by_block.values())
-        assert filed == sum(map(len, self._blocks.values())), "stray block entries"
-        codes = sorted(_code(*block) for block in self._by_block)
-        assert self._sorted.tolist() == codes, "sorted block codes out of step"
+            assert all(pid in self._by_key[k] for k in keys), f"{pid} missing at one of its keys"
+        for key, programs in self._by_key.items():
+            assert 1 <= len(programs) <= PROGRAMS_PER_KEY, f"{len(programs)} programs at {key}"
+            assert len(set(programs)) == len(programs), f"a program twice at {key}"
+            assert all(key in self._keys[pid] for pid in programs), f"a stray program at {key}"
+            assert self._block_of[key][0] == self._filed_at(key[0]), f"{key} misfiled"
+        assert self._block_of.keys() == self._by_key.keys(), "block of a key out of step"
+        filed: dict[Key, int] = {}
+        for block in self._block_of.values():
+            filed[block] = filed.get(block, 0) + 1
+        assert filed == self._blocks, "block counts out of step"
+        assert self._sorted.tolist() == sorted(_code(*b) for b in self._blocks), "sorted block codes out of step"
+        assert self._sorted_keys.tolist() == sorted(_code(*k) for k in self._by_key), "sorted key codes out of step"

@@ -1,9 +1,18 @@
 """Program registry: what the policy remembers about each agent program, bounded in size.
 
 A program is forgotten when its last step is served, when it has been idle longer than
-``idle_timeout_s`` (a client that vanished), or when the registry is full (least recently seen
-first). Every forgotten program is handed back to the owner (``drain_forgotten``) so that nothing
-it held (a pin, a host pin) outlives it.
+``idle_timeout_s`` (a client that vanished), or when the registry is full and a new id arrives.
+Every forgotten program is handed back to the owner (``drain_forgotten``) so that nothing it held
+(a pin, a host pin) outlives it.
+
+The bound is a cache under a scan any client can send (distinct ids, one request each), so what
+it drops is chosen like a segmented LRU's: first the least recently seen program that never came
+back from a tool (``probation``; a flood of one-turn ids churns only these), then any other; never
+one with a turn in flight, nor one the owner says holds memory (``holds_memory``: a pin, whose
+program is expected back). A program passed over is alive and counts as seen now. Each new id
+looks at no more than ``OVERFLOW_SCAN`` programs per segment; when none of them may go, the new id
+is refused (``turn_arrived`` returns no state) and its turn is served as one without a program id,
+until room frees.
 
 What it sees of each program's context it tells a ``RegistryWatcher`` (the door's working set,
 ``core/door.py``), which keeps its own sums from those notices and never writes a program's state.
@@ -18,6 +27,7 @@ from typing import Callable, Iterator, Optional
 
 MAX_PROGRAMS = 100_000
 PROGRAM_IDLE_TIMEOUT_S = 900.0  # a program unseen this long, with nothing in flight, is forgotten
+OVERFLOW_SCAN = 8  # programs a new id past the bound looks at, per segment, for one it may drop
 
 
 def affine_slot(program_id: str, slots: int) -> int:
@@ -103,13 +113,19 @@ class ProgramRegistry:
         max_programs: int = MAX_PROGRAMS,
         idle_timeout_s: float = PROGRAM_IDLE_TIMEOUT_S,
         watcher: Optional[RegistryWatcher] = None,
+        holds_memory: Callable[[ProgramState], bool] = lambda state: False,
     ) -> None:
         if max_programs < 1:
             raise ValueError("max_programs must be >= 1")
         self.max_programs = max_programs
         self.idle_timeout_s = idle_timeout_s
         self.watcher = watcher if watcher is not None else RegistryWatcher()
+        self._holds_memory = holds_memory
         self._programs: OrderedDict[str, ProgramState] = OrderedDict()  # least recently seen first
+        # the programs that never came back from a tool call, least recently seen first: what the
+        # bound drops first
+        self._probation: OrderedDict[str, None] = OrderedDict()
+        self.refused = 0  # new ids turned away: the registry full of programs it may not drop
         self._forgotten: list[ProgramState] = []  # dropped by overflow or idleness, not yet drained
         self.forgotten = 0
 
@@ -126,16 +142,19 @@ class ProgramRegistry:
         return self._programs.get(program_id)
 
     # -- events --------------------------------------------------------------------------
-    def turn_arrived(self, program_id: str, now: float, rank: int) -> tuple[ProgramState, Optional[ToolReturn]]:
+    def turn_arrived(
+        self, program_id: str, now: float, rank: int
+    ) -> tuple[Optional[ProgramState], Optional[ToolReturn]]:
         """Record a turn's arrival; ``rank`` (a global arrival counter) becomes the program's
-        arrival rank if this is its first turn."""
+        arrival rank if this is its first turn. No state: a new id the full registry refused."""
         state = self._programs.get(program_id)
         if state is None:
+            if len(self._programs) >= self.max_programs and not self._make_room(now):
+                self.refused += 1
+                return None, None
             state = ProgramState(program_id, arrival_rank=rank, last_seen=now)
             self._programs[program_id] = state
-            while len(self._programs) > self.max_programs:
-                _, dropped = self._programs.popitem(last=False)
-                self._drop(dropped)
+            self._probation[program_id] = None
         else:
             self._touch(state, now)
         state.turns_arrived += 1
@@ -146,6 +165,7 @@ class ProgramRegistry:
             state.pending_tool = None
             state.longest_gap = max(state.longest_gap, ret.seconds)
             state.gaps += 1
+            self._probation.pop(program_id, None)
         return state, ret
 
     def turn_admitted(self, program_id: str, now: float, context_tokens: int) -> Optional[ProgramState]:
@@ -187,6 +207,7 @@ class ProgramRegistry:
         program after all)."""
         state = self._programs.pop(program_id, None)
         if state is not None:
+            self._probation.pop(program_id, None)
             self.watcher.forgotten(state, learn=learn)
         return state
 
@@ -205,6 +226,7 @@ class ProgramRegistry:
                 self._touch(state, now)
                 continue
             self._programs.popitem(last=False)
+            self._probation.pop(state.program_id, None)
             self._drop(state)
         self.watcher.expire(now, self._touch)
 
@@ -215,6 +237,9 @@ class ProgramRegistry:
     # -- integrity -----------------------------------------------------------------------
     def check_integrity(self) -> None:
         assert len(self._programs) <= self.max_programs, "registry over its bound"
+        assert all(pid in self._programs for pid in self._probation), "a forgotten program on probation"
+        for pid, s in self._programs.items():
+            assert (pid in self._probation) == (s.gaps == 0), f"{pid} on probation: {pid in self._probation}"
         seen = [s.last_seen for s in self._programs.values()]
         assert all(a <= b for a, b in zip(seen, seen[1:])), "registry not in last-seen order"
         for pid, s in self._programs.items():
@@ -223,16 +248,31 @@ class ProgramRegistry:
             assert s.turns_admitted <= s.turns_arrived, f"admitted more turns than arrived: {pid}"
 
     # -- internals -----------------------------------------------------------------------
+    def _make_room(self, now: float) -> bool:
+        """Drop one program a new id may take the place of (module docstring); False: none found."""
+        for segment in (self._probation, self._programs):
+            for _ in range(min(OVERFLOW_SCAN, len(segment))):
+                state = self._programs[next(iter(segment))]
+                if state.in_flight == 0 and not self._holds_memory(state):
+                    del self._programs[state.program_id]
+                    self._probation.pop(state.program_id, None)
+                    self._drop(state, learn=False)  # made room for another: not an end
+                    return True
+                self._touch(state, now)  # alive: passed over, and the next look starts past it
+        return False
+
     def _touch(self, state: ProgramState, now: float) -> None:
         state.last_seen = max(state.last_seen, now)
         self._programs.move_to_end(state.program_id)
+        if state.program_id in self._probation:
+            self._probation.move_to_end(state.program_id)
         self.watcher.seen(state)
 
     def _set_context(self, state: ProgramState, tokens: int) -> None:
         self.watcher.context_changed(state, tokens)
         state.context_tokens = tokens
 
-    def _drop(self, state: ProgramState) -> None:
-        self.watcher.forgotten(state)
+    def _drop(self, state: ProgramState, *, learn: bool = True) -> None:
+        self.watcher.forgotten(state, learn=learn)
         self._forgotten.append(state)
         self.forgotten += 1

@@ -77,6 +77,7 @@ programs_ended_last_step      | counter   | programs.last_step                  
 programs_ended_by_tool        | counter   | programs.terminal_tool              | -    | Programs ended by a turn that called a terminal tool (terminal_tools, e.g. a submit).
 programs_released             | counter   | programs.released                   | -    | Programs ended by the client after the fact (/close_session with the program id).
 programs_forgotten            | counter   | programs.forgotten                  | -    | Programs forgotten idle or by the registry bound.
+programs_refused              | counter   | programs.refused                    | -    | New program ids turned away by the full registry (every program it could drop has a turn in flight or a pin): their turns are served as without an id until room frees.
 programs_presumed_ended       | counter   | programs.presumed_ended             | -    | Programs whose client announces no ends, presumed ended: away past their own return horizon.
 programs_presumed_returned    | counter   | programs.presumed_returned          | -    | Of those, programs that came back after all (served as new programs).
 programs_not_returned         | counter   | programs.not_returned               | -    | Programs that ended while out on a tool call (lowers that tool's return probability).

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 ENV_PREFIX = "SGLANG_CONTINUUM_"
 CONFIG_ENV = ENV_PREFIX + "CONFIG"
+_HEADER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789!#$%&'*+-.^_`|~")  # RFC 9110 token
 
 
 class ContinuumSettings(BaseModel):
@@ -54,6 +55,13 @@ class ContinuumSettings(BaseModel):
     )
     infer_programs: bool = Field(
         True, description="requests with no program id continue the program whose context their prompt extends"
+    )
+    # who may use a program id
+    program_scope_header: Optional[str] = Field(
+        None,
+        description="HTTP header whose value scopes program ids: each value (a bearer token with "
+        "'authorization', a tenant with a gateway's tenant header) is its own namespace, so a client "
+        "can end or join only programs sent with the same value; unset: one namespace for every client",
     )
     # host tier (--enable-hierarchical-cache)
     offload_to_host: bool = Field(
@@ -96,6 +104,16 @@ class ContinuumSettings(BaseModel):
         if isinstance(value, str):  # from the environment: "submit,finish", "tcp://a:1,tcp://b:1"
             return tuple(t.strip() for t in value.split(",") if t.strip())
         return value
+
+    @field_validator("program_scope_header")
+    @classmethod
+    def _header_name(cls, name: Optional[str]) -> Optional[str]:
+        if name is None or not name.strip():
+            return None
+        name = name.strip().lower()
+        if not set(name) <= _HEADER_CHARS:
+            raise ValueError(f"program_scope_header {name!r} is not an HTTP header name")
+        return name
 
     @field_validator("stats_publish_endpoint", "stats_peer_endpoints")
     @classmethod

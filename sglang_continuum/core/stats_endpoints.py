@@ -1,5 +1,6 @@
 """Where the stats exchange binds and connects, and whom it trusts: endpoints (local-only unless the
-fleet shares CURVE keys), each data-parallel rank's own endpoint, the fleet's key pair.
+fleet shares CURVE keys), each data-parallel rank's own endpoint, which endpoints a rank subscribes
+to (``links``, at most ``max_peers`` sockets), the fleet's key pair.
 
 What is trusted: a peer that holds the fleet's key (or, without keys, any process on this host).
 Nothing here opens a socket; ``stats_exchange.py`` does.
@@ -8,9 +9,10 @@ Nothing here opens a socket; ``stats_exchange.py`` does.
 from __future__ import annotations
 
 import ipaddress
-from typing import Sequence
+from typing import Optional, Sequence
 
 ENDPOINT_SCHEMES = ("tcp://", "ipc://", "inproc://")
+SIBLINGS = -1  # the group of this server's other data-parallel ranks
 CurveKeys = tuple[bytes, bytes]  # (public, secret), z85 as zmq.auth writes them
 
 
@@ -57,6 +59,35 @@ def rank_endpoint(endpoint: str, rank: int) -> str:
             raise ValueError(f"stats endpoint {endpoint!r}: data-parallel ranks need a numeric port")
         return f"{head}:{int(port) + rank}"
     return f"{endpoint}.dp{rank}"
+
+
+def links(
+    publish_endpoint: Optional[str],
+    peer_endpoints: Sequence[str],
+    keyed: bool,
+    dp_rank: int,
+    dp_size: int,
+    max_peers: int,
+) -> list[tuple[str, int, bool]]:
+    """The endpoints to subscribe to, checked: (endpoint, group, decides) -- this server's sibling
+    data-parallel ranks (group ``SIBLINGS``), then every rank of each peer endpoint (group: its
+    position in the list; ``decides``: the one of this rank, read first, which tells whether the
+    entry is this server under another name). ``keyed``: the fleet shares CURVE keys."""
+    for endpoint in (publish_endpoint, *peer_endpoints):
+        if endpoint is not None and not endpoint.startswith(ENDPOINT_SCHEMES):
+            raise ValueError(f"stats endpoint {endpoint!r} must start with one of {ENDPOINT_SCHEMES}")
+    if not keyed:
+        check_local("stats_publish_endpoint", [publish_endpoint] if publish_endpoint else [])
+        check_local("stats_peer_endpoints", peer_endpoints)
+    out = []
+    if publish_endpoint:
+        base = connectable(publish_endpoint)
+        out += [(rank_endpoint(base, r), SIBLINGS, False) for r in range(dp_size) if r != dp_rank]
+    for group, endpoint in enumerate(peer_endpoints):
+        out += [(rank_endpoint(endpoint, r), group, r == dp_rank) for r in range(dp_size)]
+    if len(out) > max_peers:
+        raise ValueError(f"{len(out)} stats peer sockets (endpoints x dp ranks) is over {max_peers}")
+    return out
 
 
 def connectable(endpoint: str) -> str:

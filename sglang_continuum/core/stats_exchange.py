@@ -18,9 +18,11 @@ Trust. With CURVE keys (``keys``: one key pair that every worker of the fleet ho
 admits only subscribers that hold the key (ZAP) and each SUB talks only to a publisher that holds
 it: without the key one can neither read nor inject. Without keys every tcp endpoint must be
 loopback (``check_local``), so only processes on this host reach the sockets. Either way a
-message is bounded: at most ``max_message_bytes`` (zmq's MAXMSGSIZE drops a larger one before it
-is read; checked again after ``recv`` for inproc), ``MAX_SAMPLES_PER_MESSAGE`` samples, and each
-origin adds at most ``MAX_TOOLS_PER_PEER`` distinct tools.
+message is bounded: at most ``max_message_bytes`` (zmq's MAXMSGSIZE drops a larger one unread;
+checked again after ``recv`` for inproc), the keys of ``MESSAGE_KEYS``, ``MAX_SAMPLES_PER_MESSAGE``
+samples that ``tool_stats.valid_sample`` accepts, and each origin adds at most
+``MAX_TOOLS_PER_PEER`` distinct tools; what breaks a bound is counted (``malformed``), never
+raised. Within these bounds a key holder steers the fleet's tool distribution: it is trusted.
 
 History. XPUB hands up every subscription (``XPUB_VERBOSE``): when someone subscribes, the
 publisher re-sends its recent history (the last ``history`` samples) at its next allowed poll. The
@@ -36,11 +38,14 @@ happen at most once every ``HEARTBEAT_S``; a caught-up fleet exchanges heartbeat
 
 Loss-tolerant by construction: sends and receives are non-blocking and bounded per call, and
 nothing ever waits on a peer, so a slow or dead peer costs nothing but its samples. Each poll
-reads at most ``max_messages_per_poll`` messages and hands out at most ``max_merge_per_poll``
-samples, so a newcomer's burst of histories spreads over several steps. Per origin the receiver
-keeps the sequence number up to which it has merged everything, plus (at most ``history``) ones
-merged above a gap, so a sample repeated by re-sends is merged at most once. A gap is filled while
-its samples are still in the sender's history; one older than that is given up.
+reads at most ``max_messages_per_poll`` messages, ``max_poll_bytes`` and ``parse_budget_s`` of
+parsing (the rest waits in zmq's queue, ``queue_messages`` per socket), and hands out at most
+``max_merge_per_poll`` samples, so a newcomer's burst of histories spreads over several steps.
+Per origin the receiver keeps the sequence number up to which it has merged everything, plus (at
+most ``history``) ones merged above a gap, so a sample repeated by re-sends is merged at most once.
+A gap is filled while its samples are still in the sender's history; one older than that is given
+up. A zmq error other than a full queue turns the exchange off for good (logged once, counted):
+the worker serves on with its local statistics.
 
 Nothing here knows SGLang: the controller hands samples in (``record``) and merges what ``poll``
 returns; the adapter calls ``poll`` from the scheduler's step and idle loop.
@@ -50,38 +55,31 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 import uuid
 import weakref
 from collections import deque
+from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import orjson
 
-from sglang_continuum.core.stats_endpoints import (
-    ENDPOINT_SCHEMES,
-    CurveKeys,
-    FleetKey,
-    check_local,
-    connectable,
-    rank_endpoint,
-)
+from sglang_continuum.core.stats_endpoints import SIBLINGS, CurveKeys, FleetKey, links, rank_endpoint
+from sglang_continuum.core.tool_stats import DURATION as DURATION  # re-exported: the kinds workers share
+from sglang_continuum.core.tool_stats import OUTCOME as OUTCOME
+from sglang_continuum.core.tool_stats import Sample, valid_sample
 
 logger = logging.getLogger(__name__)
 
-DURATION = "d"  # a tool call's duration in seconds
-OUTCOME = "r"  # a program came back from the tool (1.0) or ended while out on it (0.0)
-KINDS = (DURATION, OUTCOME)
 HEARTBEAT_S = 0.5  # a quiet worker still announces itself this often; history re-sends at most this often
 ALIVE_S = 5.0  # a peer heard within this long counts as alive
-MAX_TOOL_LEN = 128
 MAX_ID_LEN = 64
 MAX_SAMPLES_PER_MESSAGE = 256
 MAX_TOOLS_PER_PEER = 128  # one origin cannot push the fleet's tools out of the 1,024 windows
-MAX_MESSAGE_BYTES = 512 * 1024  # 256 samples with the longest tool names, and a gap request per peer
-SIBLINGS = -1  # the group of this server's other data-parallel ranks
-
-Sample = tuple[str, str, float]  # (kind, tool, value)
+MAX_MESSAGE_BYTES = 64 * 1024  # 256 samples of 128-character ASCII names are ~45 KB; a larger one goes in halves
+MESSAGE_KEYS = frozenset("ofhns")  # origin, first in history, highest published, gap requests, samples
+PARSE_BUDGET_S = 0.002  # scheduler-thread time one poll may spend reading peers' messages
 
 
 @dataclass(slots=True)
@@ -89,7 +87,8 @@ class ExchangeCounters:
     sent: int = 0  # samples published (history re-sends not counted again)
     received: int = 0  # peers' new samples taken in (handed to the controller by poll)
     dropped: int = 0  # samples lost here: the outbox or inbox was full, or a peer's tool over its bound
-    malformed: int = 0  # messages or samples that could not be read (ignored)
+    malformed: int = 0  # messages or samples that could not be read or broke a bound (ignored)
+    errors: int = 0  # zmq errors that turned the exchange off (it stays off: at most one)
 
 
 @dataclass(slots=True)
@@ -155,31 +154,32 @@ class StatsExchange:
         interval_s: float = 0.1,
         history: int = 1024,
         max_outbox: int = 4096,
-        max_messages_per_poll: int = 64,
+        max_messages_per_poll: int = 16,
+        max_poll_bytes: int = 4 * MAX_MESSAGE_BYTES,
+        parse_budget_s: float = PARSE_BUDGET_S,
         max_merge_per_poll: int = 64,
         max_inbox: int = 16_384,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
-        queue_messages: int = 256,
+        queue_messages: int = 64,  # x max_message_bytes: 4 MB per socket at most
         max_peers: int = 256,
         origin: Optional[str] = None,
+        timer: Callable[[], float] = time.perf_counter,  # measures parse_budget_s
     ) -> None:
         import zmq
 
-        links = _links(publish_endpoint, peer_endpoints, keys, dp_rank, dp_size, max_peers)
+        subscriptions = links(publish_endpoint, peer_endpoints, keys is not None, dp_rank, dp_size, max_peers)
         self._zmq = zmq
         self.origin = origin or uuid.uuid4().hex[:16]
         self.interval_s = interval_s
-        self.max_outbox = max_outbox
-        self.max_messages_per_poll = max_messages_per_poll
-        self.max_merge_per_poll = max_merge_per_poll
-        self.max_inbox = max_inbox
+        self.max_outbox, self.max_inbox, self.max_ahead = max_outbox, max_inbox, max(history, 1)
+        self.max_messages_per_poll, self.max_merge_per_poll = max_messages_per_poll, max_merge_per_poll
+        self.max_poll_bytes, self.parse_budget_s, self._timer = max_poll_bytes, parse_budget_s, timer
         self.max_message_bytes = max_message_bytes
-        self.max_ahead = max(history, 1)
+        self._turn = 0  # which ready socket a poll reads first (rotates: none is always last)
         self.counters = ExchangeCounters()
         self._keys = keys
         self._context = zmq.Context()
-        self._auth = None
-        self._pub = None
+        self._auth = self._pub = None
         self._sources: dict[Any, _Source] = {}  # by socket
         # released at interpreter exit too, if nobody closed it: a zmq context left to the garbage
         # collector at exit can block the process in ``term`` for good
@@ -191,7 +191,7 @@ class StatsExchange:
         try:
             if publish_endpoint:
                 self._bind(rank_endpoint(publish_endpoint, dp_rank), queue_messages)
-            for endpoint, group, decides in links:
+            for endpoint, group, decides in subscriptions:
                 self._connect(endpoint, group, decides, queue_messages)
         except zmq.ZMQError:
             self.close()
@@ -201,9 +201,7 @@ class StatsExchange:
         self._history: deque[tuple[int, str, str, float]] = deque(maxlen=history)  # what a newcomer gets
         self._inbox: deque[Sample] = deque()  # received, not yet handed out (merging is bounded per poll)
         self._resend_after: Optional[int] = None  # re-send the history after this sequence number
-        self._next_resend = -math.inf
-        self._next_poll = -math.inf
-        self._next_heartbeat = -math.inf
+        self._next_resend = self._next_poll = self._next_heartbeat = -math.inf
 
     def _bind(self, endpoint: str, queue_messages: int) -> None:
         """The publisher: with keys, only subscribers holding the fleet's key are admitted."""
@@ -249,10 +247,11 @@ class StatsExchange:
 
     # -- the controller's side -------------------------------------------------------------
     def record(self, kind: str, tool: str, value: float) -> None:
-        """A sample recorded here; published at the next ``poll``. Never blocks."""
+        """A sample recorded here; published at the next ``poll``. Never blocks. One the peers
+        would refuse (``valid_sample``) is not published."""
         if self._pub is None:
             return
-        if len(self._outbox) >= self.max_outbox or len(tool) > MAX_TOOL_LEN:
+        if len(self._outbox) >= self.max_outbox or not valid_sample(kind, tool, value):
             self.counters.dropped += 1
             return
         self._seq += 1
@@ -263,13 +262,16 @@ class StatsExchange:
     def poll(self, now: float) -> list[Sample]:
         """At most every ``interval_s``: publish what is new here and take in the peers' messages.
         Returns at most ``max_merge_per_poll`` of the peers' new samples, so a burst (a peer's
-        history) is merged over several steps. Non-blocking; between intervals, with nothing
-        left to hand out, the cost is two comparisons."""
+        history) is merged over several steps. Non-blocking and never raising (a zmq error turns
+        the exchange off: ``_fail``); between intervals, with nothing to hand out, two comparisons."""
         if now >= self._next_poll:
             self._next_poll = now + self.interval_s
-            self._hear_subscribers()  # first: a newcomer subscribed now gets our history at once
-            self._receive(now)
-            self._publish(now)
+            try:
+                self._hear_subscribers()  # first: a newcomer subscribed now gets our history at once
+                self._receive(now)
+                self._publish(now)
+            except self._zmq.ZMQError as exc:  # ``Again`` is handled where it is raised: this is not transient
+                self._fail(exc)
         if not self._inbox:
             return []
         inbox = self._inbox
@@ -279,12 +281,21 @@ class StatsExchange:
         return sum(1 for s in self._sources.values() if now - s.peer.heard <= ALIVE_S)
 
     def close(self) -> None:
+        self._next_poll = math.inf  # a closed exchange never touches its sockets again
         self._pub = None
         self._sources = {}
         self._auth = None
         self._release()
 
+    def _fail(self, exc: Exception) -> None:
+        """A zmq error no retry fixes: off for good (what the inbox holds is still handed out)."""
+        if self.counters.errors == 0:
+            logger.error("continuum: shared tool statistics are off (zmq: %s); serving on local statistics", exc)
+        self.counters.errors += 1
+        self.close()
+
     def check_integrity(self) -> None:
+        assert self.counters.errors == 0 or (self._pub is None and not self._sources), "a failed exchange left on"
         assert len(self._outbox) <= self.max_outbox, "stats outbox over its bound"
         assert len(self._inbox) <= self.max_inbox, "stats inbox over its bound"
         seqs = [s[0] for s in self._history]
@@ -333,45 +344,57 @@ class StatsExchange:
         if missing:
             header["n"] = missing
         for start in range(0, max(len(samples), 1), MAX_SAMPLES_PER_MESSAGE):
-            try:
-                self._pub.send(
-                    orjson.dumps({**header, "s": samples[start : start + MAX_SAMPLES_PER_MESSAGE]}), self._zmq.NOBLOCK
-                )
-            except self._zmq.ZMQError:  # PUB drops rather than blocks; anything else loses the rest
-                logger.debug("continuum: stats message not sent", exc_info=True)
-                return
+            for raw in self._encode(header, samples[start : start + MAX_SAMPLES_PER_MESSAGE]):
+                try:
+                    self._pub.send(raw, self._zmq.NOBLOCK)
+                except self._zmq.Again:  # PUB drops rather than blocks; what is left goes with the next
+                    return
+
+    def _encode(self, header: dict, samples: list) -> list[bytes]:
+        """Messages of at most ``max_message_bytes`` (a larger one would cost the peer its
+        connection): halved until each fits; a single sample that cannot fit is dropped."""
+        raw = orjson.dumps({**header, "s": samples})
+        if len(raw) <= self.max_message_bytes:
+            return [raw]
+        if len(samples) <= 1:
+            self.counters.dropped += len(samples)
+            return []
+        half = len(samples) // 2
+        return self._encode(header, samples[:half]) + self._encode(header, samples[half:])
 
     def _receive(self, now: float) -> None:
+        """At most ``max_messages_per_poll`` messages, ``max_poll_bytes`` and ``parse_budget_s``
+        (checked between messages) per poll, one message per socket per pass, the first socket
+        rotating: a busy or hostile peer cannot starve the rest, nor stall the scheduler."""
         ready = [self._sources[sock] for sock, _ in self._poller.poll(0)]
-        budget = self.max_messages_per_poll
-        while ready and budget > 0:  # one message per socket per pass: a busy peer cannot starve the rest
+        if ready:
+            self._turn = k = (self._turn + 1) % len(ready)
+            ready = ready[k:] + ready[:k]
+        budget, left, end = self.max_messages_per_poll, self.max_poll_bytes, self._timer() + self.parse_budget_s
+        while ready:
             more = []
             for source in ready:
-                if budget == 0 or source.socket.closed:
+                if source.socket.closed:
                     continue
                 try:
                     raw = source.socket.recv(self._zmq.NOBLOCK)
                 except self._zmq.Again:
                     continue
-                budget -= 1
+                budget, left = budget - 1, left - len(raw)
                 self._take(source, raw, now)
+                if budget <= 0 or left <= 0 or self._timer() >= end:
+                    return
                 more.append(source)
             ready = more
 
     def _take(self, source: _Source, raw: bytes, now: float) -> None:
         try:
-            if len(raw) > self.max_message_bytes:  # zmq's MAXMSGSIZE does not apply to inproc
-                raise ValueError(f"{len(raw)} bytes")
-            msg = orjson.loads(raw)
-            origin, samples = msg["o"], msg["s"]
-            if not (isinstance(origin, str) and len(origin) <= MAX_ID_LEN):
-                raise TypeError("origin must be a short string")
-            if not (isinstance(samples, list) and len(samples) <= MAX_SAMPLES_PER_MESSAGE):
-                raise TypeError(f"samples must be a list of at most {MAX_SAMPLES_PER_MESSAGE}")
+            msg = _read_message(raw, self.max_message_bytes)
         except (ValueError, KeyError, TypeError) as exc:  # orjson.JSONDecodeError is a ValueError
             self.counters.malformed += 1
             logger.debug("continuum: malformed stats message ignored: %s", exc)
             return
+        origin, samples = msg["o"], msg["s"]
         if origin == self.origin:  # this endpoint is this worker itself (the list may name it)
             if source.group != SIBLINGS:
                 self._set_group(source.group, False)
@@ -408,12 +431,9 @@ class StatsExchange:
                 self._want_resend(done)
 
     def _tool_allowed(self, source: _Source, tool: str) -> bool:
-        if tool in source.tools:
-            return True
-        if len(source.tools) >= MAX_TOOLS_PER_PEER:
-            return False
-        source.tools.add(tool)
-        return True
+        if tool not in source.tools and len(source.tools) < MAX_TOOLS_PER_PEER:
+            source.tools.add(tool)
+        return tool in source.tools
 
     def _set_group(self, group: int, is_peer: bool) -> None:
         """A peer endpoint's socket for this rank has spoken: read the group's other ranks too, or
@@ -436,63 +456,37 @@ class StatsExchange:
             self._resend_after = after if self._resend_after is None else min(self._resend_after, after)
 
 
-def _links(
-    publish_endpoint: Optional[str],
-    peer_endpoints: Sequence[str],
-    keys: Optional[CurveKeys],
-    dp_rank: int,
-    dp_size: int,
-    max_peers: int,
-) -> list[tuple[str, int, bool]]:
-    """The endpoints to subscribe to, checked: (endpoint, group, decides) -- this server's sibling
-    data-parallel ranks (``SIBLINGS``), then every rank of each peer endpoint (``decides``: the one
-    of this rank, read first, which tells whether the entry is this server under another name)."""
-    for endpoint in (publish_endpoint, *peer_endpoints):
-        if endpoint is not None and not endpoint.startswith(ENDPOINT_SCHEMES):
-            raise ValueError(f"stats endpoint {endpoint!r} must start with one of {ENDPOINT_SCHEMES}")
-    if keys is None:
-        check_local("stats_publish_endpoint", [publish_endpoint] if publish_endpoint else [])
-        check_local("stats_peer_endpoints", peer_endpoints)
-    links = []
-    if publish_endpoint:
-        base = connectable(publish_endpoint)
-        links += [(rank_endpoint(base, r), SIBLINGS, False) for r in range(dp_size) if r != dp_rank]
-    for group, endpoint in enumerate(peer_endpoints):
-        links += [(rank_endpoint(endpoint, r), group, r == dp_rank) for r in range(dp_size)]
-    if len(links) > max_peers:
-        raise ValueError(f"{len(links)} stats peer sockets (endpoints x dp ranks) is over {max_peers}")
-    return links
-
-
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _read_message(raw: bytes, max_bytes: int) -> dict:
+    """A peer's message, its envelope checked (its samples are read one by one: ``_read_sample``)."""
+    if len(raw) > max_bytes:  # zmq's MAXMSGSIZE does not apply to inproc
+        raise ValueError(f"{len(raw)} bytes")
+    msg = orjson.loads(raw)
+    if not isinstance(msg, dict) or not msg.keys() <= MESSAGE_KEYS:
+        raise TypeError(f"a message is an object with keys among {''.join(sorted(MESSAGE_KEYS))}")
+    origin, samples = msg["o"], msg["s"]
+    if not (isinstance(origin, str) and len(origin) <= MAX_ID_LEN):
+        raise TypeError("origin must be a short string")
+    if not (isinstance(samples, list) and len(samples) <= MAX_SAMPLES_PER_MESSAGE):
+        raise TypeError(f"samples must be a list of at most {MAX_SAMPLES_PER_MESSAGE}")
+    return msg
+
+
 def _read_sample(item) -> Optional[tuple[int, str, str, float]]:
-    if not isinstance(item, list) or len(item) != 4:
-        return None
-    seq, kind, tool, value = item
-    if (
-        isinstance(seq, bool)
-        or not isinstance(seq, int)
-        or kind not in KINDS
-        or not isinstance(tool, str)
-        or len(tool) > MAX_TOOL_LEN
-        or isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value < 0
-    ):
-        return None
-    return seq, kind, tool, float(value)
+    if isinstance(item, list) and len(item) == 4 and _is_int(item[0]) and valid_sample(*item[1:]):
+        return item[0], item[1], item[2], float(item[3])
+    return None
 
 
 def _release(context: Any, owned: list) -> None:
-    """Stop the authenticator, close every socket without lingering, end the context."""
+    """Stop the authenticator, close every socket without lingering, end the context. Never
+    raises: it also runs after a zmq error (``_fail``)."""
     for thing in owned:
-        if hasattr(thing, "stop"):
-            thing.stop()
-        else:
-            thing.close(linger=0)
+        with suppress(Exception):
+            thing.stop() if hasattr(thing, "stop") else thing.close(linger=0)
     owned.clear()
-    context.term()
+    with suppress(Exception):
+        context.term()

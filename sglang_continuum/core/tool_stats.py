@@ -3,7 +3,14 @@ tool whether programs came back from it at all.
 
 Each duration window keeps its samples both in arrival order (to drop the oldest) and sorted (so
 an empirical CDF, a quantile or the TTL argmax over candidates is one vectorised pass, with no
-sort per decision).
+sort per decision). The sorted copy is one array (grown by doubling up to the window), kept sorted
+in place: a new sample replacing the oldest moves only the samples between the two places (a third
+of the window on average), with no allocation and no copy of the rest.
+
+Bounded whatever they are fed (a peer, a stats file, a client's tool name): at most ``max_tools``
+tools, least recently used first out; a sample ``valid_sample`` refuses (a duration that is not a
+number in [0, ``MAX_DURATION_S``], an outcome other than 0 or 1, a name a client could not send)
+is counted in ``refused`` and left out, so no sum goes infinite or NaN.
 
 Durations are only ever observed for programs that came back. A tool after which programs often
 end (a submit the server did not recognise, an agent that gives up) would look like any other,
@@ -13,27 +20,54 @@ while out on it -- and ``return_probability`` scales the CDF: ``P(tau, f) = rho_
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict, deque
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 import numpy as np
 
-from sglang_continuum.core.stats_exchange import DURATION, Sample
+from sglang_continuum.core.metadata import MAX_TOOL_NAME_LEN
+from sglang_continuum.core.programs import PROGRAM_IDLE_TIMEOUT_S
 
 UNKNOWN_TOOL = "unknown"
+DURATION = "d"  # a tool call's duration in seconds
+OUTCOME = "r"  # a program came back from the tool (1.0) or ended while out on it (0.0)
+KINDS = (DURATION, OUTCOME)
+Sample = tuple[str, str, float]  # (kind, tool, value): what workers share (``stats_exchange``)
+# No worker observes a longer tool call: a program away for PROGRAM_IDLE_TIMEOUT_S is forgotten,
+# and its next turn starts a new program. Twice that leaves room for a forget that runs late.
+MAX_DURATION_S = 2 * PROGRAM_IDLE_TIMEOUT_S
+
+
+def valid_tool(tool: Any) -> bool:
+    """A tool name as ``metadata`` takes one from a client: a printable string, not blank, at most
+    ``MAX_TOOL_NAME_LEN`` long."""
+    return isinstance(tool, str) and 0 < len(tool) <= MAX_TOOL_NAME_LEN and tool.isprintable() and not tool.isspace()
+
+
+def valid_value(kind: Any, value: Any) -> bool:
+    """A duration in [0, ``MAX_DURATION_S``] seconds, or an outcome of 0 or 1 (NaN and inf fail)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or kind not in KINDS:
+        return False
+    return 0 <= value <= MAX_DURATION_S if kind == DURATION else value in (0, 1)
+
+
+def valid_sample(kind: Any, tool: Any, value: Any) -> bool:
+    return valid_value(kind, value) and valid_tool(tool)
 
 
 class SampleWindow:
-    """The last ``capacity`` samples, in arrival order and sorted; running mean and variance."""
+    """The last ``capacity`` samples, in arrival order and sorted; running mean and variance.
+    Holds finite non-negative numbers (``add`` and ``extend`` raise on anything else)."""
 
-    __slots__ = ("capacity", "_fifo", "_sorted", "_n", "_sum", "_sumsq", "version")
+    __slots__ = ("capacity", "_fifo", "_buf", "_sum", "_sumsq", "version")
 
     def __init__(self, capacity: int, samples: Iterable[float] = ()) -> None:
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
         self.capacity = capacity
         self._fifo: deque[float] = deque()
-        self._sorted = np.empty(0, dtype=np.float64)
+        self._buf = np.empty(0, dtype=np.float64)  # the samples sorted in [:len], grown by doubling
         self._sum = 0.0
         self._sumsq = 0.0
         self.version = 0  # bumps on every change; lets callers cache derived values
@@ -43,17 +77,29 @@ class SampleWindow:
         return len(self._fifo)
 
     def add(self, x: float) -> None:
+        """O(log n) to find both places, then a move of the samples between them, in place."""
         x = float(x)
-        if not np.isfinite(x) or x < 0:
+        if not math.isfinite(x) or x < 0:
             raise ValueError(f"sample must be a finite non-negative number, got {x}")
-        if len(self._fifo) == self.capacity:
+        n, b = len(self._fifo), self._buf
+        if n == self.capacity:  # x takes the oldest sample's place in the sorted array
             old = self._fifo.popleft()
-            i = int(np.searchsorted(self._sorted, old))
-            self._sorted = np.delete(self._sorted, i)
+            i, k = int(b.searchsorted(old)), int(b.searchsorted(x, "right"))  # b is the window: n == b.size
+            if k > i:  # x sorts above old: the samples between move down one
+                b[i : k - 1] = b[i + 1 : k]
+                b[k - 1] = x
+            else:
+                b[k + 1 : i + 1] = b[k:i]
+                b[k] = x
             self._sum -= old
             self._sumsq -= old * old
+        else:
+            if b.size == n:
+                b = self._buf = np.concatenate([b, np.empty(min(self.capacity, max(16, 2 * n)) - n)])
+            k = int(np.searchsorted(b[:n], x, "right"))
+            b[k + 1 : n + 1] = b[k:n]
+            b[k] = x
         self._fifo.append(x)
-        self._sorted = np.insert(self._sorted, int(np.searchsorted(self._sorted, x, "right")), x)
         self._sum += x
         self._sumsq += x * x
         self.version += 1
@@ -66,20 +112,21 @@ class SampleWindow:
             for x in new:
                 self.add(x)
             return
-        if not all(np.isfinite(x) and x >= 0 for x in new):
+        if not all(math.isfinite(x) and x >= 0 for x in new):
             raise ValueError("samples must be finite non-negative numbers")
         new = new[-self.capacity :]  # older ones would be pushed out by the newer at once
+        ordered = self._buf[: len(self._fifo)]
         overflow = len(self._fifo) + len(new) - self.capacity
         if overflow > 0:
             old = np.sort(np.array([self._fifo.popleft() for _ in range(overflow)]))
-            first = np.searchsorted(self._sorted, old, "left")
+            first = np.searchsorted(ordered, old, "left")
             # equal old values occupy consecutive slots: the k-th copy is k places after the first
             nth = np.arange(old.size) - np.searchsorted(old, old, "left")
-            self._sorted = np.delete(self._sorted, first + nth)
+            ordered = np.delete(ordered, first + nth)
             self._sum -= float(old.sum())
             self._sumsq -= float((old * old).sum())
         add = np.sort(np.array(new))
-        self._sorted = np.insert(self._sorted, np.searchsorted(self._sorted, add, "right"), add)
+        self._buf = np.insert(ordered, np.searchsorted(ordered, add, "right"), add)
         self._fifo.extend(new)
         self._sum += float(add.sum())
         self._sumsq += float((add * add).sum())
@@ -87,8 +134,9 @@ class SampleWindow:
 
     @property
     def sorted(self) -> np.ndarray:
-        """Samples in ascending order (read-only view)."""
-        view = self._sorted.view()
+        """Samples in ascending order: a read-only view of the live window (read it, do not keep
+        it across an ``add``)."""
+        view = self._buf[: len(self._fifo)]
         view.flags.writeable = False
         return view
 
@@ -107,15 +155,16 @@ class SampleWindow:
         return max(0.0, (self._sumsq - self._sum * self._sum / n) / (n - 1))
 
     def check_integrity(self) -> None:
-        n = len(self._fifo)
-        assert n <= self.capacity and self._sorted.size == n, "window size"
-        assert n == 0 or bool(np.all(np.diff(self._sorted) >= 0)), "window not sorted"
-        assert sorted(self._fifo) == self._sorted.tolist(), "sorted view differs from the samples"
+        n, ordered = len(self._fifo), self.sorted
+        assert n <= self.capacity and ordered.size == n <= self._buf.size <= self.capacity, "window size"
+        assert n == 0 or bool(np.all(np.diff(ordered) >= 0)), "window not sorted"
+        assert sorted(self._fifo) == ordered.tolist(), "sorted view differs from the samples"
+        assert math.isfinite(self._sum) and math.isfinite(self._sumsq), "running sums"
         assert abs(self._sum - sum(self._fifo)) <= 1e-6 * max(1.0, abs(self._sum)), "running sum"
 
     def cdf(self, tau: float) -> float:
         n = len(self._fifo)
-        return float(np.searchsorted(self._sorted, tau, "right")) / n if n else 0.0
+        return float(np.searchsorted(self.sorted, tau, "right")) / n if n else 0.0
 
 
 class ToolStats:
@@ -130,16 +179,27 @@ class ToolStats:
         self.global_samples = SampleWindow(global_window)
         self._tools: OrderedDict[str, SampleWindow] = OrderedDict()
         self._outcomes: OrderedDict[str, deque[bool]] = OrderedDict()  # True: came back
+        self.refused = 0  # samples left out: ``valid_sample`` refused them (a peer's, a file's, a local one)
 
     def record(self, tool: Optional[str], seconds: float) -> None:
+        if not valid_sample(DURATION, tool or UNKNOWN_TOOL, seconds):
+            self.refused += 1
+            return
         self._window(tool).add(seconds)
         self.global_samples.add(seconds)
 
     def record_many(self, tool: Optional[str], seconds: list[float]) -> None:
         """``record`` for a batch of one tool's samples (in order), in one pass per window."""
+        seconds = self._valid(tool or UNKNOWN_TOOL, seconds)
         if seconds:
             self._window(tool).extend(seconds)
             self.global_samples.extend(seconds)
+
+    def _valid(self, tool: str, seconds: list) -> list:
+        """The durations ``valid_sample`` accepts for ``tool`` (the rest counted in ``refused``)."""
+        valid = [x for x in seconds if valid_value(DURATION, x)] if valid_tool(tool) else []
+        self.refused += len(seconds) - len(valid)
+        return valid
 
     def _window(self, tool: Optional[str]) -> SampleWindow:
         """The tool's window, made if new (the least recently used tool leaves past ``max_tools``)."""
@@ -157,8 +217,10 @@ class ToolStats:
         """One sample of the kinds workers share (``stats_exchange``): a duration, or an outcome."""
         if kind == DURATION:
             self.record(tool, value)
-        else:
+        elif valid_sample(kind, tool or UNKNOWN_TOOL, value):
             self.record_outcome(tool, returned=value > 0)
+        else:
+            self.refused += 1
 
     def merge(self, samples: Iterable[Sample]) -> None:
         """Samples other workers recorded, into the same windows as this worker's own (one pass
@@ -207,9 +269,10 @@ class ToolStats:
         assert len(self._tools) <= self.max_tools, "too many tool classes"
         assert len(self._outcomes) <= self.max_tools, "too many tool classes with outcomes"
         assert all(len(o) <= self.return_window for o in self._outcomes.values()), "outcome window"
-        self.global_samples.check_integrity()
-        for window in self._tools.values():
+        assert all(map(valid_tool, (*self._tools, *self._outcomes))), "a tool name valid_tool refuses"
+        for window in (self.global_samples, *self._tools.values()):
             window.check_integrity()
+            assert len(window) == 0 or window.sorted[-1] <= MAX_DURATION_S, "a duration over MAX_DURATION_S"
 
     def tools(self) -> dict[str, SampleWindow]:
         return dict(self._tools)
@@ -224,12 +287,15 @@ class ToolStats:
         }
 
     def load_dict(self, data: dict) -> None:
+        """What ``to_dict`` wrote, through the bounds live samples meet: a name or value
+        ``valid_sample`` refuses is left out (counted in ``refused``), and of more than
+        ``max_tools`` tools the last ones are kept (``to_dict`` lists the least recently used first)."""
         if data.get("version") != 1:
             raise ValueError(f"unsupported tool-stats version: {data.get('version')!r}")
-        for name, samples in data.get("tools", {}).items():
-            w = self._tools.setdefault(str(name), SampleWindow(self.window))
-            w.extend(samples)
-        self.global_samples.extend(data.get("global", []))
-        for name, outcomes in data.get("returns", {}).items():
+        for name, samples in list(data.get("tools", {}).items())[-self.max_tools :]:
+            if samples := self._valid(name, samples):
+                self._window(name).extend(samples)
+        self.global_samples.extend(self._valid(UNKNOWN_TOOL, data.get("global", [])))
+        for name, outcomes in list(data.get("returns", {}).items())[-self.max_tools :]:
             for returned in outcomes:
-                self.record_outcome(str(name), bool(returned))
+                self.record_sample(OUTCOME, name, returned)

@@ -56,8 +56,8 @@ def drain(driver) -> None:
     cache = driver.s.tree_cache
     assert not len(cache.lifecycle) and not any(p.in_flight for p in cache.controller.programs)
     assert cache.controller.pins.pinned_tokens <= cache.controller.pins.budget_tokens
-    for pin in list(cache.controller.pins):  # the next test starts with no pins
-        cache.end_program(pin.program_id)
+    for program in list(cache.controller.programs):  # the next test starts with no programs, no pins
+        cache.end_program(program.program_id)
     allocator = cache.token_to_kv_pool_allocator
     assert cache.protected_size() == 0  # no lock left behind
     assert allocator.available_size() + cache.evictable_size() == allocator.size  # no KV slot leaked
@@ -339,3 +339,22 @@ def test_every_path_out_keeps_the_plugin_in_step_with_sglang(driver, script):
     mid-turn and ids used again, pause-retract with a flush while paused, on SGLang's serial loop
     (``run_script``)."""
     run_script(driver, script)
+
+
+def test_a_request_that_reuses_a_live_requests_rid_is_served_without_touching_it(driver):
+    """Request ids are unique per tokenizer manager, not across SGLang's entry points: a second
+    request under the rid of one still waiting is served as a request without a program. It
+    takes nothing of the first's (its record, its program's turn, its pin), and the scheduler loop
+    never meets a request without a queue key."""
+    rng = random.Random(17)
+    cache = driver.s.tree_cache
+    first = driver.submit(tokens(rng, 60), max_new_tokens=4, custom_params=meta("rid-owner"), rid="reused-rid")
+    original = driver.reqs[first]
+    driver.submit(tokens(rng, 60), max_new_tokens=4, custom_params=meta("rid-thief"), rid="reused-rid")
+    duplicate = driver.reqs["reused-rid"]
+    assert duplicate is not original and not get_tag(duplicate).meta.has_program
+    assert cache.lifecycle.get("reused-rid").tag is get_tag(original) and cache.reused_rids == 1
+    driver.run_until_idle()
+    assert original.finished() and duplicate.finished()
+    assert "rid-owner" in cache.controller.pins and "rid-thief" not in cache.controller.programs
+    drain(driver)

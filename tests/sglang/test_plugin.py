@@ -133,7 +133,7 @@ def test_a_turn_committed_on_an_exact_fit_is_not_recorded_as_blocked():
                 self.can_run_list.append(req)
             return AddReqResult.NO_TOKEN
 
-    admission = Admission(SimpleNamespace(chunked_req=None), SimpleNamespace())
+    admission = Admission(SimpleNamespace(chunked_req=None), SimpleNamespace(), policy=None)
     taken = SimpleNamespace(rid="taken")
     adder = admission.adder_class(ExactFit)(commit=True)
     assert adder.add_one_req(taken, False, 0) is AddReqResult.NO_TOKEN

@@ -11,6 +11,7 @@ import pytest
 
 from continuum_lab.harness.inprocess import SchedulerDriver, build_scheduler, release_parallel_runtime
 from sglang_continuum.core.first_turns import FirstTurns
+from sglang_continuum.core.metadata import INFERRED_PREFIX
 from tests.support import fixed_ttl_env
 
 pytestmark = pytest.mark.sglang
@@ -181,7 +182,7 @@ def test_once_first_turns_are_continued_a_first_turn_is_a_program_and_its_first_
     assert not cache.runtime.inference.first_turns.are_programs()
     assert controller.program_counters.single_shot == 3  # dropped, their pins released
     drain_pins(driver)
-    for pid in [s.program_id for s in list(controller.programs) if s.program_id.startswith("inferred-")]:
+    for pid in [s.program_id for s in list(controller.programs) if s.program_id.startswith(INFERRED_PREFIX)]:
         cache.end_program(pid)
     cache.check_integrity()
 

@@ -546,7 +546,7 @@ def test_a_return_whose_context_the_pool_gave_away_queues_after_cached_returns_b
     driver.run_until_idle()
 
 
-def test_admission_control_keeps_no_room_for_a_program_the_cost_model_let_go(driver):
+def test_admission_control_keeps_no_room_for_a_program_the_cost_model_let_go(driver, monkeypatch):
     """A program the cost model did not pin (its tool is slow) is out on that tool; a new program's
     first turn arrives while another request decodes. The unpinned context is no reason to hold the
     newcomer (it is not protected anyway): it is admitted at once."""
@@ -556,6 +556,7 @@ def test_admission_control_keeps_no_room_for_a_program_the_cost_model_let_go(dri
     controller = cache.controller
     for _ in range(controller.stats.window):  # the fixture's premise: "slow" is never pinned
         controller.stats.record("slow", 500.0)
+    keep_nobody_resident(monkeypatch, controller)  # nor kept resident, if a test before left the door binding
     driver.submit(tokens(rng, 500), max_new_tokens=4, custom_params=meta("ws-out", "slow"))
     driver.run_until_idle()
     assert "ws-out" not in controller.pins and controller.door.working_set.tokens == 0
@@ -637,4 +638,49 @@ def test_a_return_whose_context_was_evicted_is_paused_while_a_resident_program_f
     driver.run_until_idle()
     assert driver.req(back).finished() and driver.req(x).finished()
     cache.end_program("res-back")
+    cache.check_integrity()
+
+
+def test_the_first_turn_held_at_the_door_ends_the_selection_walk(driver, monkeypatch):
+    """Thirty new programs wait while a pinned program and a decode fill the working set: the first
+    of them fits and goes in, the second is held. A request without a program id that arrived
+    after them is served in the same step (the door never holds it, so the walk goes on past the
+    held ones to reach it); from then on no turn behind the held one is matched against the radix
+    tree (SGLang's ``init_next_round_input``) on any step while it waits: no first turn would fit
+    and nothing the door would let in waits behind, so the walk ends there, however many wait."""
+    from sglang.srt.managers.schedule_batch import Req
+
+    rng = random.Random(77)
+    drain_pins(driver)
+    cache = driver.s.tree_cache
+    controller = cache.controller
+    sized_by_todays_contexts(monkeypatch, controller)
+    driver.submit(tokens(rng, 400), max_new_tokens=4, custom_params=meta("walk-old", "fast"))
+    driver.run_until_idle()
+    assert "walk-old" in controller.pins
+    x = driver.submit(tokens(rng, 20), max_new_tokens=100)  # a decode: holding back would not idle
+    driver.step()
+    # each decodes for longer than the steps counted below: the first one admitted stays in flight
+    firsts = [driver.submit(tokens(rng, 330), max_new_tokens=20, custom_params=meta(f"walk-{i}")) for i in range(30)]
+    filler = driver.submit(tokens(rng, 20), max_new_tokens=4)  # no id, arrived last: the door never holds it
+    driver.step()
+    assert firsts[0] in driver.admitted and filler in driver.admitted  # the walk reached it behind them
+    matched: dict[str, int] = {}
+    original = Req.init_next_round_input
+
+    def counted(self, *args, **kwargs):
+        matched[self.rid] = matched.get(self.rid, 0) + 1
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Req, "init_next_round_input", counted)
+    for _ in range(4):
+        driver.step()
+    assert get_tag(driver.req(firsts[1])).held_back and firsts[1] not in driver.admitted
+    assert not any(matched.get(rid) for rid in firsts[2:]), "turns behind the held one were weighed"
+    monkeypatch.setattr(Req, "init_next_round_input", original)
+    cache.end_program("walk-old")
+    driver.run_until_idle()
+    assert all(driver.req(rid).finished() for rid in firsts) and driver.req(x).finished()
+    for i in range(30):
+        cache.end_program(f"walk-{i}")
     cache.check_integrity()

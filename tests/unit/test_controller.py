@@ -337,9 +337,10 @@ def test_an_unknown_setting_stops_start_up_naming_it(tmp_path):
         ContinuumSettings(rules="sglang_continuum.core.rules:Timings")
 
 
-def test_the_operator_has_at_most_sixteen_settings():
-    # sixteen: stats_key_file, the keys that let shared statistics leave the host (CURVE)
-    assert len(ContinuumSettings.model_fields) <= 16
+def test_the_operator_has_at_most_seventeen_settings():
+    # sixteen: stats_key_file, the keys that let shared statistics leave the host (CURVE);
+    # seventeen: program_scope_header, which makes program ids no other tenant can use
+    assert len(ContinuumSettings.model_fields) <= 17
 
 
 def test_T_is_the_admission_wait_of_returning_misses():
@@ -632,6 +633,8 @@ def test_admission_expecting_growth_holds_a_new_program_the_pool_will_not_hold_l
     for held in (True,):
         c, clock = make()
         for pid in ("done1", "done2"):
+            c.turn_admitted(c.turn_arrived(turn(pid)), 500)
+            c.turn_finished(turn(pid), context_tokens=500, handle=None)
             c.turn_admitted(c.turn_arrived(turn(pid)), 800)
             c.turn_finished(turn(pid, last=True), context_tokens=800, handle=None)
         c.turn_admitted(c.turn_arrived(turn("running")), 300)
@@ -801,3 +804,29 @@ def test_a_turn_left_unpinned_is_recorded_as_no_pin():
     assert state.pin_end == "none" and state.let_go
     c.turn_admitted(c.turn_arrived(turn("p")), 120, cached_tokens=0)
     assert c.last_admission.pin_end == "none" and c.last_admission.previous_tokens == 80
+
+
+def test_a_new_id_the_full_registry_refuses_is_served_without_a_program():
+    c, _ = make(fixed_ttl_s=30.0)
+    c.programs.max_programs = 2
+    c.turn_arrived(turn("a"))  # in flight
+    c.turn_arrived(turn("b"))
+    c.turn_finished(turn("b"), context_tokens=50, handle="hb")  # pinned: expected back
+    tag = c.turn_arrived(turn("x"))
+    assert not tag.meta.has_program and tag.program_rank == tag.request_rank
+    assert c.program_counters.refused == 1 and "x" not in c.programs
+    assert c.turn_finished(tag.meta, context_tokens=20, handle="hx", tag=tag).pin is None
+    assert "a" in c.programs and c.pins.get("b").handle == "hb"  # nothing of theirs was lost
+
+
+def test_a_first_turns_sibling_is_re_keyed_once_its_program_is_admitted():
+    # two turns of a new program wait (a client's parallel requests): once one is admitted the
+    # other is a turn of a program in flight, not a new program's: the door does not hold it, and
+    # it must not wait behind first turns the door does hold
+    from sglang_continuum.core.priority import NEW, WAITING
+
+    c, _ = make()
+    a, b = c.turn_arrived(turn("p")), c.turn_arrived(turn("p"))
+    assert c.priority_key(b, False)[0] == NEW
+    c.turn_admitted(a, 100)
+    assert c.rekeyed == {"p"} and c.priority_key(b, False)[0] == WAITING

@@ -119,7 +119,7 @@ def test_a_young_program_is_priced_at_the_room_the_door_keeps_for_it():
     for seconds in (0.1, 0.2, 0.3, 0.4, 0.5, 0.1, 0.2, 0.3, 0.4, 0.5):
         stats.record("bash", seconds)
     door = Door(True, stats, rebuild_s=lambda tokens: tokens / 1000)
-    ended = ProgramState("ended", arrival_rank=1, last_seen=0.0)
+    ended = ProgramState("ended", arrival_rank=1, last_seen=0.0, turns_arrived=2, turns_finished=2)
     ended.context_tokens = 900
     door.working_set.forgotten(ended)
     door.binding_until = 10.0
@@ -364,6 +364,9 @@ def test_room_for_growth_is_reserved_only_where_a_lost_context_is_dear():
         for seconds in (1.0, 2.0, 3.0, 4.0, 5.0, 1.0, 2.0, 3.0, 4.0, 5.0):
             c.stats.record("bash", seconds)
         for pid in ("x", "y"):  # two programs that ended at 900 tokens: the expected final context
+            t = c.turn_arrived(ProgramMeta(pid))
+            c.turn_admitted(t, 600)
+            c.turn_finished(ProgramMeta(pid), context_tokens=600, handle=None, tag=t)
             t = c.turn_arrived(ProgramMeta(pid, is_last_step=True))
             c.turn_admitted(t, 900)
             c.turn_finished(ProgramMeta(pid, is_last_step=True), context_tokens=900, handle=None, tag=t)

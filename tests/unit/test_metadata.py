@@ -129,3 +129,99 @@ def test_top_level_values_that_would_break_the_request_are_reported_and_ignored(
     report = MalformedReporter(log=lambda *a: None)
     meta = parse_program_meta(merge_top_level({"job_id": "run-1", "is_last_step": "maybe"}, None), report=report)
     assert meta.program_id == "run-1" and not meta.is_last_step and report.count == 1
+
+
+def test_malformed_reports_are_rate_bounded_and_counted_exactly():
+    """A client sending a new malformed value with every request logs at most ``max_lines`` per
+    window, then one line saying how many were not logged; the count stays exact."""
+    now, logged = [0.0], []
+    rep = MalformedReporter(log=lambda *a: logged.append(a), max_lines=5, window_s=60.0, clock=lambda: now[0])
+    for i in range(1000):
+        assert parse_program_meta({"program_id": f"bad\n{i}"}, report=rep) is NO_PROGRAM
+    assert len(logged) == 5 and rep.count == 1000 and rep.suppressed == 995
+    now[0] = 61.0
+    parse_program_meta({"program_id": "bad\nagain"}, report=rep)
+    assert len(logged) == 7 and 995 in logged[5]  # the suppressed count, then the new report
+    assert "bad" in str(logged[6])
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"program_id": 10**5000},
+        {"program_id": "p", "is_last_step": 10**5000},
+        {"program_id": "p", "tool_name": 10**5000},
+        {"program_id": "p", "step": 10**5000},
+        {"program_id": "p", "step": "9" * 5000},
+    ],
+)
+def test_integers_past_pythons_string_conversion_limit_are_malformed_not_raised(params):
+    """``str`` and ``repr`` of an int over 4,300 digits raise ValueError in CPython."""
+    problems = []
+    meta = parse_program_meta(params, report=lambda pid, why: problems.append(why))
+    assert isinstance(meta, ProgramMeta) and meta.step is None and not meta.is_last_step and meta.tool_name is None
+    assert len(problems) == 1 and len(problems[0]) < 300
+
+
+# -- property tests: adversarial draws for every key -------------------------------------------------
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from sglang_continuum.core.metadata import (  # noqa: E402
+    LAST_STEP_ALIASES,
+    PROGRAM_ID_ALIASES,
+    RESERVED_PREFIX,
+    SCOPE_KEY,
+    STEP_KEY,
+    TOOL_NAME_KEY,
+    is_scope,
+    scope_of,
+    scoped_program_id,
+)
+
+_reserved_ids = st.builds(lambda tail: RESERVED_PREFIX + tail, st.text(max_size=30)) | st.sampled_from(
+    [RESERVED_PREFIX + "inferred-7", f" {RESERVED_PREFIX}inferred-1 ", scoped_program_id(scope_of("a"), "run-1")]
+)
+_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.builds(lambda digits: -(10**digits) if digits % 2 else 10**digits, st.sampled_from([20, 401, 5000]))
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text()  # control characters, surrogates, bidi overrides included
+    | st.text(alphabet="\x00\x1b\n\r\t\u202e\ud800 ab", max_size=20)
+    | _reserved_ids
+    | st.builds(scope_of, st.text(max_size=8))
+)
+_json = st.recursive(
+    _scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4)
+)
+_keys = st.sampled_from([*PROGRAM_ID_ALIASES, *LAST_STEP_ALIASES, TOOL_NAME_KEY, STEP_KEY, SCOPE_KEY]) | st.text(
+    max_size=8
+)
+
+
+@given(
+    custom_params=st.dictionaries(_keys, _json, max_size=8) | _json,
+    session_id=_json,
+    routing_key=_json,
+)
+def test_the_parser_never_raises_and_never_accepts_an_id_in_the_reserved_namespace(
+    custom_params, session_id, routing_key
+):
+    problems = []
+    meta = parse_program_meta(custom_params, session_id, lambda pid, why: problems.append(why), routing_key=routing_key)
+    assert isinstance(meta, ProgramMeta)
+    assert all(isinstance(p, str) and len(p) < 400 for p in problems)
+    if meta.program_id is None:
+        return
+    assert meta.program_id.isprintable()
+    scope = custom_params.get(SCOPE_KEY) if isinstance(custom_params, dict) else None
+    if scope is None:  # unscoped: the client's own id, never the plugin's namespace
+        assert not meta.program_id.startswith(RESERVED_PREFIX)
+        return
+    assert is_scope(scope)  # a malformed scope is no program
+    prefix = scoped_program_id(scope, "")
+    assert meta.program_id.startswith(prefix)
+    assert not meta.program_id[len(prefix) :].startswith(RESERVED_PREFIX)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_continuum.core.program_inference import PrefixHasher, ProgramIndex
+from sglang_continuum.core.program_inference import PROGRAMS_PER_KEY, PrefixHasher, ProgramIndex
 
 
 def ids(rng, n):
@@ -148,7 +148,7 @@ def test_programs_are_followed_through_random_interleavings(ops, divergence):
         else:
             index.forget(pid)
         index.check_integrity()
-        assert set(index._blocks) <= recorded
+        assert set(index._keys) <= recorded
 
 
 def test_forks_whose_outputs_were_re_rendered_alike_are_no_ones():
@@ -193,7 +193,7 @@ def test_a_lookup_probes_only_plausible_lengths_whatever_is_recorded():
     for i in range(30_000):  # every recorded length within the window of the prompts below
         n = int(rng.integers(200, 4_000))
         index.record(f"p{i}", rng.integers(5, 50_000, n), n - 100, n)
-    index._by_block = Counted(index._by_block)
+    index._by_key = Counted(index._by_key)
     stranger = rng.integers(5, 50_000, 4_096)
     assert index.match(stranger) is None
     assert Counted.probes <= 4096 // 64 + 64
@@ -211,3 +211,42 @@ def test_a_continuation_past_the_window_is_served_as_a_new_program():
     assert index.match(ctx + ids(rng, 200)) == "p"
     ctx = finished(index, "p", ctx + ids(rng, 200), ids(rng, 20))
     assert index.match(ctx + ids(rng, 600)) is None  # appended more than the window at once
+
+
+def test_an_arrival_weighs_a_bounded_number_of_programs_whatever_shares_its_prompt():
+    """One shared prompt, many single requests (load tests, n-sample evals): every record files
+    under the same keys. An arrival that reaches them weighs at most ``PROGRAMS_PER_KEY`` programs
+    per key, not every record (it asked ``alive`` of each of 5,000 before the bound)."""
+    rng = random.Random(14)
+    index = ProgramIndex(divergence_tokens=32)
+    prompt = ids(rng, 128)
+    output = ids(rng, 40)  # greedy decoding: the same output every time
+    for i in range(5_000):
+        index.record(f"p{i}", prompt + output, len(prompt), len(prompt) + len(output))
+    index.check_integrity()
+    asked = []
+
+    def alive(pid: str) -> bool:
+        asked.append(pid)
+        return True
+
+    assert index.match(prompt + output + ids(rng, 10), alive) is None  # two live at the deepest: no one's
+    assert len(asked) <= 2 * PROGRAMS_PER_KEY and index.ambiguous == 1
+    assert index.crowded == 2 * (5_000 - PROGRAMS_PER_KEY)
+    # the newest two are kept; once one of them has ended the other is the continuation
+    assert index.match(prompt + output + ids(rng, 10), alive=lambda pid: pid == "p4999") == "p4999"
+    index.check_integrity()
+
+
+def test_a_program_crowded_out_of_its_prompt_key_keeps_its_own_deep_key():
+    rng = random.Random(15)
+    index = ProgramIndex(divergence_tokens=8)
+    prompt = ids(rng, 100)
+    mine = prompt + ids(rng, 60)
+    index.record("mine", mine, len(prompt), len(mine))
+    for i in range(10):  # others after the same prompt, other outputs
+        other = prompt + ids(rng, 60)
+        index.record(f"o{i}", other, len(prompt), len(other))
+    assert "mine" in index  # its prompt key went to newer programs, its deep key is its own
+    assert index.match(mine + ids(rng, 20)) == "mine"
+    index.check_integrity()

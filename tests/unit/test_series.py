@@ -73,3 +73,39 @@ def test_a_scrape_that_sees_a_gauge_change_sees_the_counts_behind_it():
     first_gauge = min(i for i, source in enumerate(writes) if source.startswith("gauge."))
     assert all(not source.startswith("gauge.") for source in writes[:first_gauge])
     assert all(source.startswith("gauge.") for source in writes[first_gauge:]), writes
+
+
+def test_each_data_parallel_rank_keeps_its_own_gauges(tmp_path):
+    """Under ``--dp-size N`` every rank's scheduler is tp_rank 0, each in a process of its own
+    writing to SGLang's multiprocess directory: a ``mostrecent`` gauge must not let the last
+    rank to write hide the others."""
+    import os
+    import subprocess
+    import sys
+
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    script = (
+        "import sys\n"
+        "from sglang_continuum.adapter.metrics import ContinuumMetrics\n"
+        "from sglang_continuum.core.metadata import ProgramMeta\n"
+        "from tests.support import controller\n"
+        "rank = int(sys.argv[1])\n"
+        "ctl, _ = controller()\n"
+        "for i in range(rank + 1):\n"
+        "    ctl.turn_arrived(ProgramMeta(f'p{i}'))\n"
+        "ContinuumMetrics(tp_rank=0, dp_rank=rank).update(ctl)\n"
+    )
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    for rank in (0, 1):
+        subprocess.run([sys.executable, "-c", script, str(rank)], check=True, env=env, cwd=Path(__file__).parents[2])
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(tmp_path))
+    tracked = {
+        (s.labels["tp_rank"], s.labels["dp_rank"]): s.value
+        for family in registry.collect()
+        for s in family.samples
+        if s.name == "sglang:continuum_tracked_programs"
+    }
+    assert tracked == {("0", "0"): 1.0, ("0", "1"): 2.0}

@@ -3,6 +3,7 @@ worker's controller change another's TTL decision; late peers get warm whichever
 first; dead peers cost nothing; only key holders take part, a peer speaks only for itself, a
 message's reach is bounded; every data-parallel rank shares."""
 
+import errno
 import subprocess
 import sys
 import textwrap
@@ -13,9 +14,17 @@ import pytest
 import zmq
 import zmq.auth
 
-from sglang_continuum.core.metadata import ProgramMeta
+from sglang_continuum.core.metadata import MAX_TOOL_NAME_LEN, ProgramMeta
 from sglang_continuum.core.settings import ContinuumSettings
-from sglang_continuum.core.stats_exchange import DURATION, MAX_TOOLS_PER_PEER, StatsExchange
+from sglang_continuum.core.stats_exchange import (
+    DURATION,
+    MAX_MESSAGE_BYTES,
+    MAX_SAMPLES_PER_MESSAGE,
+    MAX_TOOLS_PER_PEER,
+    OUTCOME,
+    StatsExchange,
+)
+from sglang_continuum.core.tool_stats import MAX_DURATION_S, ToolStats
 from sglang_continuum.core.ttl import TTLQuery
 from tests.support import controller as make_controller
 from tests.support import free_port, port_is_free
@@ -356,7 +365,9 @@ def test_a_peer_cannot_speak_for_another_origin(closing):
 
 def test_an_oversized_message_is_dropped_unread_and_a_message_can_do_little(closing):
     ex, er, et = endpoint(), endpoint(), endpoint()
-    x = StatsExchange(ex, [er, et], interval_s=0.0, max_message_bytes=16 * 1024)
+    # a generous parse budget (the budget in time is another test's): a loaded machine must not
+    # leave "small" queued until the big message behind it drops the connection
+    x = StatsExchange(ex, [er, et], interval_s=0.0, max_message_bytes=16 * 1024, parse_budget_s=1.0)
     closing(x)
     ctx = zmq.Context.instance()
     rogue, tooler = ctx.socket(zmq.PUB), ctx.socket(zmq.PUB)
@@ -494,3 +505,155 @@ def test_an_exchange_nobody_closed_never_blocks_its_process():
     except subprocess.TimeoutExpired:
         pytest.fail("the process hung collecting an unclosed exchange")
     assert done.returncode == 0 and done.stdout.strip() == "collected", done.stderr
+
+
+def _rogue_delivers(x, messages, until, deadline_s=DEADLINE_S):
+    """A listed peer (a PUB at the exchange's peer endpoint) sends ``messages`` until ``until(got)``
+    holds for what ``x.poll`` handed out; returns that list."""
+    got = []
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        for msg in messages:
+            x.rogue.send(msg)
+        got.extend(x.poll(time.monotonic()))
+        if until(got):
+            return got
+        time.sleep(0.02)
+    return got
+
+
+@pytest.fixture
+def peer_of(closing):
+    """An exchange whose one listed peer endpoint is a bare PUB the test writes to (``x.rogue``)."""
+    made = []
+
+    def make(**kw):
+        ex, er = endpoint(), endpoint()
+        x = StatsExchange(ex, [er], interval_s=0.0, **kw)
+        closing(x)
+        x.rogue = zmq.Context.instance().socket(zmq.PUB)
+        x.rogue.setsockopt(zmq.LINGER, 0)
+        x.rogue.bind(er)
+        made.append(x.rogue)
+        return x
+
+    yield make
+    for sock in made:
+        sock.close(linger=0)
+
+
+def test_peer_samples_out_of_bounds_or_with_names_no_client_could_send_are_refused(peer_of):
+    x = peer_of()
+    bad = [
+        [1, DURATION, "huge", 1e308],  # would make every sum inf, then nan
+        [2, DURATION, "long", MAX_DURATION_S * 1.01],
+        [3, DURATION, "bidi\u202eevil", 1.0],  # a bidi override: not printable
+        [4, DURATION, "tab\there", 1.0],
+        [5, DURATION, "x" * (MAX_TOOL_NAME_LEN + 1), 1.0],
+        [6, DURATION, "   ", 1.0],
+        [7, OUTCOME, "bash", 0.5],
+        [8, DURATION, "bool", True],
+    ]
+    good = [9, DURATION, "bash", MAX_DURATION_S]  # the bound itself is a duration
+    msg = orjson.dumps({"o": "r", "s": [*bad, good]})
+    got = _rogue_delivers(x, [msg], lambda got: bool(got))
+    assert got == [(DURATION, "bash", MAX_DURATION_S)] and x.counters.malformed == len(bad)
+    stats = ToolStats()
+    stats.merge(got)
+    stats.check_integrity()
+    x.check_integrity()
+
+
+def test_a_message_with_keys_the_protocol_does_not_have_is_refused_whole(peer_of):
+    x = peer_of()
+    odd = orjson.dumps({"o": "r", "s": [[1, DURATION, "odd", 1.0]], "pad": "x" * 1000})
+    good = orjson.dumps({"o": "r", "s": [[2, DURATION, "good", 1.0]]})
+    got = _rogue_delivers(x, [odd, good], lambda got: bool(got))
+    assert [tool for _, tool, _ in got] == ["good"] and x.counters.malformed >= 1
+    x.check_integrity()
+
+
+def test_the_default_message_bound_is_what_the_protocol_needs_and_a_worker_never_exceeds_it(closing):
+    """64 KB: 256 samples of 128-character ASCII names fit in one message; names of 128 emoji (4
+    bytes each) would not, so the publisher splits, and the peer still gets every sample."""
+    full = orjson.dumps({"o": "0" * 16, "f": 1, "h": 2**40, "s": [[2**40, DURATION, "x" * 128, 1 / 3]] * 256})
+    assert len(full) <= MAX_MESSAGE_BYTES < 2 * len(full)
+    ea, eb = endpoint(), endpoint()
+    a, xa = worker(ea, [eb])
+    b, xb = worker(eb, [ea])
+    closing(xa), closing(xb)
+    wide = "\U0001f600" * MAX_TOOL_NAME_LEN
+    for i in range(MAX_SAMPLES_PER_MESSAGE):
+        xa.record(DURATION, wide, float(i))
+    assert pump([(a, xa), (b, xb)], lambda: len(samples(b, wide)) == MAX_SAMPLES_PER_MESSAGE)
+    assert xb.counters.malformed == 0 and xa.counters.dropped == 0
+
+
+def test_a_poll_parses_for_a_bounded_time_and_leaves_the_rest_queued(peer_of):
+    ticks = iter(range(10**9))  # every reading of the clock is a second later: each message is over budget
+    x = peer_of(timer=lambda: float(next(ticks)), max_messages_per_poll=64)
+    hello = orjson.dumps({"o": "r", "s": [[1, DURATION, "hello", 1.0]]})
+    assert _rogue_delivers(x, [hello], lambda got: bool(got))  # connected
+    burst = [orjson.dumps({"o": "r", "s": [[seq, DURATION, "burst", 1.0]]}) for seq in range(2, 12)]
+    for msg in burst:
+        x.rogue.send(msg)
+    time.sleep(0.3)  # let the burst reach the exchange's queue (not asserted on)
+    taken = []
+    end = time.monotonic() + DEADLINE_S
+    while sum(taken) < len(burst) and time.monotonic() < end:
+        before = x.counters.received + x.counters.malformed
+        x.poll(time.monotonic())
+        taken.append(x.counters.received + x.counters.malformed - before)
+    assert sum(taken) == len(burst) and max(taken) == 1, taken  # one message per poll: the budget
+
+
+def test_a_poll_reads_a_bounded_number_of_bytes(peer_of):
+    x = peer_of(max_poll_bytes=1, max_messages_per_poll=64)
+    hello = orjson.dumps({"o": "r", "s": [[1, DURATION, "hello", 1.0]]})
+    assert _rogue_delivers(x, [hello], lambda got: bool(got))
+    for seq in range(2, 12):
+        x.rogue.send(orjson.dumps({"o": "r", "s": [[seq, DURATION, "burst", 1.0]]}))
+    time.sleep(0.3)  # let the burst reach the exchange's queue (not asserted on)
+    taken = []
+    end = time.monotonic() + DEADLINE_S
+    while sum(taken) < 10 and time.monotonic() < end:
+        before = x.counters.received
+        x.poll(time.monotonic())
+        taken.append(x.counters.received - before)
+    assert sum(taken) == 10 and max(taken) == 1, taken
+
+
+@pytest.mark.parametrize("where", ["recv", "send", "poll"])
+def test_a_zmq_error_turns_the_exchange_off_once_and_never_reaches_the_caller(closing, monkeypatch, caplog, where):
+    ea, eb = endpoint(), endpoint()
+    a, xa = worker(ea, [eb])
+    closing(xa)
+    run_program(a, "p0", "bash", 1.0)  # something to publish
+
+    def broken(*args, **kwargs):
+        raise zmq.ZMQError(errno.EFAULT)
+
+    monkeypatch.setattr(zmq.Poller if where == "poll" else zmq.Socket, where, broken)
+    for i in range(3):
+        assert xa.poll(time.monotonic() + i) == []  # nothing raised into the scheduler loop
+    monkeypatch.undo()
+    for i in range(3):
+        run_program(a, f"p{i + 1}", "bash", 2.0)  # local statistics go on
+        assert xa.poll(time.monotonic() + 10 + i) == []
+    assert xa.counters.errors == 1 and xa.peers_alive(time.monotonic()) == 0
+    assert len([r for r in caplog.records if "shared tool statistics are off" in r.getMessage()]) == 1
+    assert len(samples(a, "bash")) == 4
+    xa.check_integrity()
+    a.check_integrity()
+
+
+def test_a_socket_closed_under_the_exchange_is_contained(closing, caplog):
+    ea, eb = endpoint(), endpoint()
+    a, xa = worker(ea, [eb])
+    closing(xa)
+    xa.poll(time.monotonic())
+    for sock in xa._owned:  # the context's sockets, broken from outside
+        sock.close(linger=0)
+    assert xa.poll(time.monotonic() + 1) == [] and xa.poll(time.monotonic() + 2) == []
+    assert xa.counters.errors == 1
+    xa.check_integrity()

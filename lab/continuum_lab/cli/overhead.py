@@ -26,12 +26,18 @@ of concurrent long decodes that carry program ids (so continuum pins between the
 per batch of requests is compared.
 
     continuum-overhead --decode --model .models/tiny-llama --out docs/results/decode-ab-cpu.json
+
+With ``--inference``, instead: the per-arrival costs of programs inferred from the prefix (also
+where many records share one prompt) and of the enqueue hook's prefix match, and a step's prefill
+selection with ``--held`` first turns of new programs waiting that cannot start (held at the door;
+under fcfs, refused for memory), on the real ``Scheduler``.
+
+    continuum-overhead --inference --model .models/tiny-llama --out docs/results/overhead-inference-cpu.json
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import platform
@@ -339,97 +345,6 @@ def bench_engine_time() -> dict:
 DECODE_PROMPT = list(range(10, 210))  # the same 200-token prompt for every request and policy
 
 
-def bench_inference(records: int = 30_000, prompts: tuple[int, ...] = (32_768, 131_072)) -> list[dict]:
-    """Program inference per arrival (``infer_programs``), the plugin's only per-arrival cost that
-    grows with state: ``records`` finished turns recorded (provisional or inferred programs) at
-    context lengths spread up to each prompt length, then a prompt of that length (SGLang's
-    ``array('q')``) that extends one of them, or none; and a finished turn's record."""
-    from array import array
-
-    import numpy as np
-
-    from sglang_continuum.core.program_inference import ProgramIndex
-
-    rows = []
-    for prompt_tokens in prompts:
-        rng = np.random.default_rng(0)
-        index = ProgramIndex()
-
-        def ids(n: int) -> array:
-            out = array("q")
-            out.frombytes(rng.integers(5, 128_000, n, dtype=np.int64).tobytes())
-            return out
-
-        pool = ids(prompt_tokens)  # the records: prefixes of one draw (cheap to make), none of the prompts'
-        lengths = np.linspace(1_000, prompt_tokens - 2_000, records).astype(int)
-        for i, n in enumerate(lengths[:-1]):
-            index.record(f"p{i}", pool, int(n) - 200, int(n))
-        target = ids(int(lengths[-1]))
-        prompt = target + ids(prompt_tokens - len(target))
-        stranger = ids(prompt_tokens)
-
-        def record() -> None:
-            index.record("target", target, len(target) - 200, len(target))
-
-        record()
-        matched = timeit(lambda: index.match(prompt), 50, setup=record)
-        assert index.match(prompt) is None  # consumed by the last timed match
-        record()
-        unmatched = timeit(lambda: index.match(stranger), 50)
-        recorded = timeit(record, 50)
-        rows.append(
-            {
-                "records": len(index),
-                "prompt_tokens": prompt_tokens,
-                "arrival_matched": matched,
-                "arrival_unmatched": unmatched,
-                "record_finished_turn": recorded,
-            }
-        )
-    return rows
-
-
-def bench_arrival_match(model_path: str, prompts: tuple[int, ...] = (32_768, 131_072)) -> list[dict]:
-    """The enqueue hook of a return whose program holds no pin (``ContinuumRadixCache.request_queued``,
-    with SGLang's ``Req``) at long prompts: it runs SGLang's prefix match once, which tells the
-    queue order whether the return's context is still there. A return whose whole context is resident, and one
-    whose context is gone (a prompt the cache has never seen)."""
-    from sglang.srt.managers.schedule_batch import Req
-    from sglang.srt.plugins import load_plugins
-    from sglang.srt.runtime_context import SpawnRanks, publish
-    from sglang.srt.sampling.sampling_params import SamplingParams
-    from sglang.srt.server_args import ServerArgs
-
-    from continuum_lab.harness.cpu_cache import TurnDriver, make_cache
-    from sglang_continuum.core.metadata import ProgramMeta
-    from sglang_continuum.core.settings import ContinuumSettings
-
-    load_plugins()
-    args = ServerArgs(model_path=model_path, device="cpu", schedule_policy="continuum", max_total_tokens=65536)
-    args.resolve_once()
-    publish(args, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
-    rng = random.Random(0)
-    cache = make_cache(sum(prompts) + 4096, settings=ContinuumSettings(pin_budget_fraction=0.0))  # nothing pinned
-    driver = TurnDriver(cache)
-    rows, made = [], itertools.count()
-    for n in prompts:
-        pid = f"long{n}"
-        context = [rng.randrange(5, 500) for _ in range(n)]
-        driver.run_turn(ProgramMeta(pid), context)
-        stranger = [rng.randrange(500, 1000) for _ in range(n)]
-        pending: list = []
-
-        def arrival(tokens: list[int]) -> None:
-            sp = SamplingParams(max_new_tokens=16, custom_params={"program_id": pid})
-            pending.append(Req(f"{pid}-{next(made)}", "", array("q", tokens), sp))
-
-        resident = timeit(lambda: cache.request_queued(pending[-1]), 20, setup=lambda: arrival(context + [5, 6, 7]))
-        gone = timeit(lambda: cache.request_queued(pending[-1]), 20, setup=lambda: arrival(stranger))
-        assert cache.lifecycle.get(pending[-1].rid).tag.context_gone, "the bench's return must find its context gone"
-        rows.append({"prompt_tokens": n, "arrival_resident": resident, "arrival_gone": gone})
-    return rows
-
-
 def bench_decode(model_path: str, servers: int, batches: int, requests: int, new_tokens: int) -> dict:
     import concurrent.futures
 
@@ -484,8 +399,11 @@ def main(argv=None) -> int:
     ap.add_argument("--servers", type=int, default=6, help="--decode: server pairs (fcfs + continuum)")
     ap.add_argument("--stats-exchange", action="store_true", help="only shared tool statistics' cost per step")
     ap.add_argument(
-        "--inference", action="store_true", help="only the per-arrival costs: program inference, the prefix match"
+        "--inference",
+        action="store_true",
+        help="only the per-arrival costs (program inference, the prefix match) and a step with first turns held",
     )
+    ap.add_argument("--held", type=int, default=1000, metavar="N", help="--inference: first turns held at the door")
     args = ap.parse_args(argv)
     machine = {"cpu_count": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
     if args.stats_exchange:
@@ -508,24 +426,12 @@ def main(argv=None) -> int:
         print(f"report: {args.out}")
         return 0
     if args.inference:
-        report = {"machine": machine, "inference": bench_inference(), "arrival_match": bench_arrival_match(args.model)}
+        from continuum_lab.cli.overhead_arrivals import arrivals_report, print_arrivals
+
+        report = {"machine": machine, **arrivals_report(args.model, args.held)}
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2))
-        for x in report["inference"]:
-            print(
-                f"program inference, {x['records']} records, {x['prompt_tokens']}-token prompt: arrival (matched) "
-                f"{x['arrival_matched']['median_us'] / 1000:.3f} ms median ({x['arrival_matched']['p90_us'] / 1000:.3f} "
-                f"p90), arrival (no match) {x['arrival_unmatched']['median_us'] / 1000:.3f} ms median "
-                f"({x['arrival_unmatched']['p90_us'] / 1000:.3f} p90), a finished turn's record "
-                f"{x['record_finished_turn']['median_us'] / 1000:.3f} ms; a request with an id looks up nothing"
-            )
-        for x in report["arrival_match"]:
-            print(
-                f"enqueue hook of a return, {x['prompt_tokens']}-token prompt (SGLang's prefix match): "
-                f"context resident {x['arrival_resident']['median_us'] / 1000:.3f} ms median "
-                f"({x['arrival_resident']['p90_us'] / 1000:.3f} p90), context gone "
-                f"{x['arrival_gone']['median_us'] / 1000:.3f} ms median ({x['arrival_gone']['p90_us'] / 1000:.3f} p90)"
-            )
+        print_arrivals(report)
         print(f"report: {args.out}")
         return 0
     if args.decode:

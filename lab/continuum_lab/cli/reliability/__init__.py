@@ -27,6 +27,14 @@ Probes (``--probes`` selects, in this order by default):
   ``--pressure-seeds 0,1,2,3,4`` runs fcfs then continuum per seed on fresh servers and judges the
   targets on the median over seeds, every seed shown and the worst named.
 
+* ``hostile`` (only when named, its own page ``docs/results/hostile-traffic/``): each hostile
+  traffic pattern (identical id-less prompts, distinct ids, held first turns, a client ending
+  others' programs with ids scoped by a tenant header and without, tiny programs, a hostile stats
+  peer, malformed metadata at rate) beside honest agent programs, on a continuum server and on a
+  stock fcfs server (the reference); their throughput and cached share against a baseline
+  without the attack, continuum's ratio over fcfs's, what they lost, the server's health
+  (``continuum_lab.cli.reliability.hostile``).
+
 "Pool empty" is read live from the scheduler (``/v1/loads``: tokens neither free nor evictable),
 never after a ``/flush_cache`` (a flush frees every slot whatever holds it, so it would hide a
 leak) and not from ``sglang:num_used_tokens`` (refreshed per batch, or every 30 s when idle).
@@ -37,6 +45,7 @@ a new folder under the temp dir, named in the report).
 
     continuum-reliability --out docs/results/reliability              # the full suite (~15 min, 2 cores)
     continuum-reliability --quick --probes bad_metadata,oov_tokens --out /tmp/rel
+    continuum-reliability --probes hostile --out /tmp/hostile-run  # ~30 min; docs/results/hostile-traffic/
 """
 
 from continuum_lab.cli.reliability.common import SHORT_ENV, Ctx, E, ProbeResult

@@ -111,7 +111,8 @@ def probe_bad_metadata(ctx: Ctx) -> ProbeResult:
                     out.append((name, await apost(client, srv.url + path, None if raw else body, raw=raw)))
                     if not alive(srv):
                         break
-                # the same malformed metadata, repeated: logged once per program and problem
+                # the same malformed metadata, repeated: logged once per program and problem at most
+                # (malformed metadata logs a bounded number of lines a minute in all)
                 custom = {"program_id": f"meta-repeat-{marker}", "is_last_step": "perhaps"}
                 for _ in range(repeat):
                     body = {"text": "again", "sampling_params": {"max_new_tokens": 1, "custom_params": custom}}

@@ -21,6 +21,8 @@ from continuum_lab.cli.reliability.bad_stats import probe_bad_stats
 from continuum_lab.cli.reliability.chaos import probe_chaos
 from continuum_lab.cli.reliability.common import Ctx, ProbeResult
 from continuum_lab.cli.reliability.flush_cache import probe_flush_cache
+from continuum_lab.cli.reliability.hostile import PATTERNS as HOSTILE_PATTERNS
+from continuum_lab.cli.reliability.hostile import probe_hostile
 from continuum_lab.cli.reliability.many_programs import probe_many_programs
 from continuum_lab.cli.reliability.oov_tokens import probe_oov_tokens
 from continuum_lab.cli.reliability.pressure import probe_pressure
@@ -37,7 +39,11 @@ PROBES: dict[str, Callable[[Ctx], ProbeResult]] = {
     "many_programs": probe_many_programs,
     "pressure": probe_pressure,
     "chaos": probe_chaos,
+    "hostile": probe_hostile,
 }
+# what runs when --probes is not given: ``hostile`` has a report page of its own
+# (docs/results/hostile-traffic/) and runs only when named
+DEFAULT_PROBES = tuple(p for p in PROBES if p != "hostile")
 
 FULL = {
     "programs": 5_000,
@@ -49,6 +55,23 @@ FULL = {
     "metadata_repeat": 10,
     "chaos_s": 120.0,
     "chaos_clients": 24,
+    # hostile: attack sizes, then the honest traffic's windows (s)
+    "hostile_identical": 20_000,
+    "hostile_ids": 100_000,
+    "hostile_held": 1_000,
+    "hostile_endings": 300,
+    "hostile_tiny": 5_000,
+    "hostile_peer_s": 30.0,
+    "hostile_metadata": 20_000,
+    "hostile_baseline_s": 20.0,
+    "hostile_min_s": 20.0,
+    "hostile_hold_s": 30.0,
+    "hostile_max_s": 120.0,
+    "hostile_sample_s": 1.0,
+    "hostile_baselines": "each",
+    "hostile_settle_s": 60.0,
+    "hostile_ttl": 10.0,
+    "hostile_fcfs": "all",
 }
 QUICK = {
     "programs": 300,
@@ -63,6 +86,22 @@ QUICK = {
     "many_max_s": 30.0,
     "pressure_max_s": 120.0,
     "kill_after_s": 3.0,
+    "hostile_identical": 200,
+    "hostile_ids": 64,
+    "hostile_held": 32,
+    "hostile_endings": 12,
+    "hostile_tiny": 16,
+    "hostile_peer_s": 1.0,
+    "hostile_metadata": 120,
+    "hostile_baseline_s": 1.5,
+    "hostile_min_s": 1.0,
+    "hostile_hold_s": 1.5,
+    "hostile_max_s": 6.0,
+    "hostile_sample_s": 0.5,
+    "hostile_baselines": "once",
+    "hostile_settle_s": 2.0,
+    "hostile_ttl": 5.0,
+    "hostile_fcfs": "none",  # the reference is the full run's: a second server costs the suite half a minute
 }
 
 
@@ -93,7 +132,8 @@ def write_report(out: Path, results: list[ProbeResult], runs: list[dict], meta: 
     out.mkdir(parents=True, exist_ok=True)
     report = {"runs": runs, **meta, "probes": [r.to_dict() for r in results]}
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
-    lines = ["# Reliability suite (issue 14)", "", "```bash", *(r["command"] for r in runs), "```", ""]
+    title = meta.get("title", "Reliability suite (issue 14)")
+    lines = [f"# {title}", "", "```bash", *(r["command"] for r in runs), "```", ""]
     if len(runs) > 1:
         lines += ["Probes re-run by a later command (`--merge`) replace the earlier results:", ""]
         lines += [f"- {r['started']}, git {r['git']}: {', '.join(r['probes'])}" for r in runs]
@@ -121,6 +161,9 @@ def write_report(out: Path, results: list[ProbeResult], runs: list[dict], meta: 
     if all(r.ok for r in results):
         lines.append("None.")
     lines += ["", "## Wall time per probe", ""] + [f"- {r.probe}: {r.wall_s:.0f} s" for r in results]
+    for r in results:  # a probe's own table (``details["report_md"]``: the hostile probe's patterns)
+        if r.details.get("report_md"):
+            lines += ["", f"## {r.probe}", "", r.details["report_md"]]
     (out / "report.md").write_text("\n".join(lines) + "\n")
 
 
@@ -139,7 +182,11 @@ def build_parser() -> argparse.ArgumentParser:
         description=(sys.modules[__package__].__doc__ or "").split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("--probes", default=",".join(PROBES), help=f"comma-separated subset of {','.join(PROBES)}")
+    ap.add_argument(
+        "--probes",
+        default=",".join(DEFAULT_PROBES),
+        help=f"comma-separated subset of {','.join(PROBES)} (default: all but hostile)",
+    )
     ap.add_argument("--out", type=Path, default=Path("docs/results/reliability"))
     ap.add_argument(
         "--logs", type=Path, default=None, help="server logs and stats files (default: a new folder under the temp dir)"
@@ -199,6 +246,39 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--pressure-jps", type=float, default=10.0, help="program arrivals per second")
     g.add_argument("--pressure-timeout", type=float, default=180.0, help="client timeout per request")
     g.add_argument("--pressure-max-s", type=float, default=420.0, help="cap on one policy's run")
+    h = ap.add_argument_group("hostile: each hostile pattern beside honest agent traffic")
+    h.add_argument("--hostile-patterns", default=",".join(HOSTILE_PATTERNS), help="comma-separated subset")
+    h.add_argument("--hostile-identical", type=int, help="identical_prompts: id-less requests of one 128-token prompt")
+    h.add_argument("--hostile-ids", type=int, help="distinct_ids: distinct program ids (one tiny turn each)")
+    h.add_argument("--hostile-held", type=int, help="held_turns: first turns sent at once")
+    h.add_argument("--hostile-hold-s", type=float, help="held_turns: how long they are left waiting, then aborted")
+    h.add_argument("--hostile-endings", type=int, help="ending_others: actions against honest ids (10/s)")
+    h.add_argument("--hostile-tiny", type=int, help="tiny_programs: 2-turn programs of a few tokens")
+    h.add_argument("--hostile-peer-s", type=float, help="peer_stats: seconds of hostile peer messages")
+    h.add_argument("--hostile-metadata", type=int, help="bad_metadata_rate: requests, each a new malformed value")
+    h.add_argument("--hostile-baseline-s", type=float, help="the honest traffic alone, per baseline")
+    h.add_argument("--hostile-min-s", type=float, help="least window the honest traffic is measured over per attack")
+    h.add_argument("--hostile-max-s", type=float, help="cap on one attack's sending")
+    h.add_argument("--hostile-settle-s", type=float, help="at most this long waiting for an empty queue per phase")
+    h.add_argument("--hostile-sample-s", type=float, help="/metrics sampled this often during a phase")
+    h.add_argument(
+        "--hostile-baselines", choices=("each", "once"), help="a baseline before every pattern, or one at the start"
+    )
+    h.add_argument("--hostile-ttl", type=float, help="max_ttl_s, and the pins' TTL with --hostile-rules fixed")
+    h.add_argument(
+        "--hostile-rules",
+        choices=("default", "fixed"),
+        default="fixed",
+        help="fixed: every non-final turn pinned --hostile-ttl s (pin losses show); default: the product's rules",
+    )
+    h.add_argument(
+        "--hostile-fcfs",
+        help="patterns also run against a stock fcfs server (the reference): all, none or a comma-separated subset "
+        "(full: all; --quick: none)",
+    )
+    h.add_argument("--hostile-lanes", type=int, default=4, help="honest agents, each running programs back to back")
+    h.add_argument("--hostile-batch", type=int, default=32, help="prompts per /generate of the floods")
+    h.add_argument("--hostile-concurrency", type=int, default=4, help="concurrent attack requests of the floods")
     g.add_argument(
         "--median-tolerance",
         type=float,
@@ -241,6 +321,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     command = os.environ.get("CONTINUUM_RELIABILITY_COMMAND") or "continuum-reliability " + shlex.join(argv)
     run = {"command": command, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "git": git_rev(), "probes": names}
     meta = {
+        **({"title": "Hostile traffic beside agent programs"} if names == ["hostile"] else {}),
         "machine": f"{os.cpu_count()} cores, {platform.platform()}",
         "logs": str(ctx.logs),
         "sizes": {k: v for k, v in vars(args).items() if not isinstance(v, Path)},
