@@ -62,7 +62,7 @@ def rules(
     model's ``cold_start_k``, a factory's keyword arguments), ``door`` (a ``Door`` class)."""
     timings = Timings(**{k: kw.pop(k) for k in list(kw) if k in TIMING_FIELDS})
     # the ``Rules`` slots passed on; None: the default's
-    slots = {name: given for name in ("order", "door") if (given := kw.pop(name, None)) is not None}
+    slots = {name: given for name in ("order", "residency", "door") if (given := kw.pop(name, None)) is not None}
     if callable(ttl_model):
         factory, name = partial(ttl_model, **kw), getattr(ttl_model, "name", "model")
     elif ttl_model == "fixed":

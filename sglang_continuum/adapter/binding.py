@@ -20,8 +20,9 @@ and other processes are untouched), one method per hook:
 * ``get_new_batch_prefill``: the turns a selection admitted consume their pins at once; when
   SGLang's admission refused a turn for memory, pins of programs ranked after it are shed (latest
   first) and admission is retried in the same step; any pin may be shed when the engine would
-  otherwise idle. A pin therefore never keeps a higher-ranked turn out, and never wedges
-  admission.
+  otherwise idle, or for a turn whose hold bound passed (``core/residency.py``: the resident
+  program released takes its own turn later). A pin therefore never keeps a higher-ranked turn
+  out, never keeps a held turn past its bound, and never wedges admission.
 * ``on_idle``: requests SGLang let go unseen are ended; with ``check_integrity`` set, every
   invariant is checked while idle. With ``--sleep-on-idle`` SGLang parks an idle loop in a zmq poll
   of up to 1 s; the hooks still run at least once a second.
@@ -322,10 +323,9 @@ class SchedulerBinding:
             if blocked is None or not len(self.controller.pins):
                 break
             idle = plan.batch_to_run is None and plan.running_batch.is_empty()
-            reason = "idle" if idle else "admission"
-            shed = cache.shed_for(
-                get_tag(blocked), tokens=admission.shortfall, reason=reason, program_waiting=self.program_waiting
-            )
+            tag = get_tag(blocked)
+            reason = "idle" if idle else "hold_bound" if tag is not None and tag.due else "admission"
+            shed = cache.shed_for(tag, tokens=admission.shortfall, reason=reason, program_waiting=self.program_waiting)
             if not shed:
                 break
             plan.running_batch.batch_is_full = False  # memory came back: admission is open again

@@ -37,10 +37,10 @@ from sglang_continuum.adapter.runtime import ContinuumRuntime
 from sglang_continuum.core.clock import Clock, StepClock, default_clock
 from sglang_continuum.core.controller import ContinuumController
 from sglang_continuum.core.cost_model import PrefillProfile
-from sglang_continuum.core.door import RESIDENT_PIN_SHARE
 from sglang_continuum.core.metadata import MalformedReporter, ProgramMeta
 from sglang_continuum.core.offload import HOST_PIN_BUDGET_FRACTION
 from sglang_continuum.core.pins import Pin, Tier
+from sglang_continuum.core.residency import RESIDENT_PIN_SHARE
 from sglang_continuum.core.settings import ContinuumSettings
 from sglang_continuum.core.turns import StepPlan, TurnTag
 
@@ -316,8 +316,8 @@ class ContinuumRadixCache(UnifiedRadixCache):
         plan (expiry, offload); first turns known single-shot give their pins back; the runtime
         shares and saves statistics. Returns whether device memory was given back."""
         self.step_clock.set(now)
-        self.controller.door.engine.step(self.step_clock(), ran, prefilled)
-        plan = self.controller.step(program_waiting)
+        self.controller.residency.engine.step(self.step_clock(), ran, prefilled)
+        plan = self.controller.step(program_waiting, self.admission_capacity_tokens())
         freed = self._execute(plan)
         if self.runtime.inference is not None:
             pinned = self.controller.pins.pinned_tokens
@@ -336,7 +336,8 @@ class ContinuumRadixCache(UnifiedRadixCache):
     ) -> int:
         """Shed pins (latest program first) worth at least ``tokens`` for the blocked turn
         ``tag``. ``reason`` "admission": only pins of programs ranked after it; "idle" (the
-        engine would otherwise idle: the paper's deadlock rule): any rank. Never the turn's own
+        engine would otherwise idle: the paper's deadlock rule) and "hold_bound" (its hold bound
+        passed, ``residency.py``): any rank. Never the turn's own
         program's pin, and never a pin whose program's next turn is already waiting
         (``program_waiting``: shedding it throws away a certain hit) -- except on the idle path
         once nothing else is left."""

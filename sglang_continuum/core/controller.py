@@ -5,15 +5,13 @@ pin tables, the TTL model, the counters -- and only it and its rooms mutate it. 
 events (turn arrived / admitted / finished / aborted / retracted, scheduler step, cache reset) and
 answers with pins to create or release; engine objects are opaque handles the adapter locks.
 
-With a host tier (HiCache) ``host`` (``core/host_pins.py``) decides which device pins that end
-before their program returns keep a protected host copy, and for how long.
-
 Each decision has a room of its own, chosen by the ``Rules`` (``core/rules.py``; the product's by
-default, a lab variant's by name): the queue order (``priority.py``), the TTL (``ttl.py``), the door
-and its working set (``door.py``), the wait bound (``bounded_waiting.py``), which pin to shed
-(``shedding.py``), the host tier's pins (``host_pins.py``). The device pins' room (``pinning.py``)
-makes, hands back, expires and counts pins by those decisions. The controller routes events to the
-rooms and is the only writer of turn tags.
+default, a lab variant's by name): the queue order (``priority.py``), the TTL (``ttl.py``),
+residency and the hold bound (``residency.py``), the door and its working set (``door.py``), the
+wait bound (``bounded_waiting.py``), which pin to shed (``shedding.py``), the host tier's pins
+(``host_pins.py``: with HiCache, which device pins that end before their program returns keep a
+protected host copy). The device pins' room (``pinning.py``) makes, hands back, expires and counts
+pins by those decisions. The controller routes events to the rooms; it and they alone write turn tags.
 """
 
 from __future__ import annotations
@@ -68,14 +66,17 @@ class ContinuumController:
         self.timings.check(settings.max_ttl_s)
         self.stats = ToolStats()
         self.ttl_model: TTLModel = self.rules.ttl_model(settings, self.stats)
-        self.door = self.rules.door(settings.admission_control, self.stats, self.ttl_model.rebuild_s)
-        self.ttl_model.read_engine(self.door.engine)  # without a measured profile: the engine's prefill rate
+        bounds, rebuild = {"max_ttl_s": settings.max_ttl_s, "max_hold_s": settings.max_hold_s}, self.ttl_model.rebuild_s
+        self.residency = self.rules.residency(settings.admission_control, self.stats, rebuild, **bounds)
+        self.door = self.rules.door(settings.admission_control, self.residency)
+        self.ttl_model.read_engine(self.residency.engine)  # without a measured profile: the engine's prefill rate
         self.programs = ProgramRegistry(
             idle_timeout_s=self.timings.program_idle_timeout_s,
             watcher=self.door.working_set,
             # the bound drops no program whose pin (device or host) holds its context for its return
             holds_memory=lambda state: state.program_id in self.pins or state.program_id in self.host.pins,
         )
+        self.door.working_set.pinned = lambda pid: pid in self.pins  # its pin keeps its room
         self.silence = Silence(self.stats, self.programs)  # programs whose clients announce no ends
         self.pins = PinTable(budget_tokens, ceiling_tokens=pin_ceiling_tokens)  # the ceiling: resident pins
         self.shedding = self.rules.shedding(self.pins, self.programs, self.silence)
@@ -108,7 +109,7 @@ class ContinuumController:
         """HiCache is on: misses reload instead of recomputing, and host pins may hold
         ``host_budget_tokens`` of the host pool. ``learn_reload``: no bandwidth was measured, so a
         reload costs what the engine's own steps pay for their loads (``reload`` until they say)."""
-        cost = LearnedReload(reload, self.door.engine.prefill.load_seconds_per_token) if learn_reload else reload
+        cost = LearnedReload(reload, self.residency.engine.prefill.load_seconds_per_token) if learn_reload else reload
         self.host.attach(cost, host_budget_tokens)
         self.ttl_model.use_host_tier(cost, hold_cost, self.timings.max_host_ttl_s)
         self.door.use_host_tier()
@@ -153,14 +154,15 @@ class ContinuumController:
         if miss and not tag.new_program and cached_tokens is not None:
             cached = cached_tokens()
             tag.context_gone = context_gone(state.context_tokens, prompt_tokens, cached)
+            previous = returning_context(state.context_tokens, prompt_tokens)
+            tag.lost_tokens = max(0, previous - (cached or 0)) if cached is not None else 0
             if cached is not None and state.let_go:  # what a context let go loses prices residency
-                self.door.let_go_returned(returning_context(state.context_tokens, prompt_tokens), cached)
+                self.residency.let_go_returned(previous, cached, now)
         self._enter(tag, now, waiting_ahead)
         return tag
 
     def turn_requeued(self, tag: TurnTag, *, waiting_ahead: int = 0) -> None:
-        """A retracted turn is back in the queue: its wait starts again (time spent running is
-        not waiting)."""
+        """A retracted turn is back in the queue: its wait starts again (running is not waiting)."""
         self._enter(tag, self.clock(), waiting_ahead)
 
     def _enter(self, tag: TurnTag, now: float, waiting_ahead: int) -> None:
@@ -198,6 +200,7 @@ class ContinuumController:
             state.pin_end if returning else None,
         )
         self.admission.admitted += 1
+        self.residency.holds.left(tag, now, admitted=True)
         if not probe:
             self.bounded.admitted(context_tokens, cached_tokens or 0)
         self.admission.overdue_admitted += overdue
@@ -260,6 +263,7 @@ class ContinuumController:
     def turn_aborted(self, meta: ProgramMeta, tag: Optional[TurnTag] = None) -> list[Pin]:
         """Abort: forget the pending tool call and drop the program's pins (``tag``: as for
         ``turn_finished``)."""
+        self.residency.holds.left(tag, self.clock(), admitted=False)
         if not meta.has_program or not self._current(meta, tag):
             return []
         self.programs.turn_aborted(meta.program_id, self.clock())
@@ -283,12 +287,14 @@ class ContinuumController:
         pin = self.pinning.release(tag.meta.program_id)
         return [] if pin is None else [pin]
 
-    def step(self, program_waiting: Callable[[str], bool]) -> StepPlan:
-        """Once per scheduler step: pins past their deadline (held at most ``max_wait_hold_s``
-        longer while their program has a turn waiting), programs forgotten for idleness (and
-        what they held), host pins past their host TTL."""
+    def step(self, program_waiting: Callable[[str], bool], capacity_tokens: int = 0) -> StepPlan:
+        """Once per scheduler step: residency priced at the step's ``capacity_tokens`` (held turns
+        whose bound passed are re-keyed), pins past their deadline (held at most
+        ``max_wait_hold_s`` longer while their program has a turn waiting), programs forgotten for
+        idleness (and what they held), host pins past their host TTL."""
         now = self.clock()
         plan = StepPlan()
+        self.rekeyed.update(tag.meta.program_id for tag in self.residency.step(now, capacity_tokens))
         hold_s = self.timings.max_wait_hold_s  # an expired pin whose program has a turn waiting is held longer
 
         def hold(pin: Pin) -> Optional[float]:
@@ -299,15 +305,9 @@ class ContinuumController:
         for state in self.programs.drain_forgotten():
             self.program_counters.forgotten += 1
             self._drop_program(state, plan)
-        for state in list(self.silence.due(now, self.programs)):
-            pin = self.pins.get(state.program_id)
-            if pin is not None:  # the cost model still expects it back: look again when the pin ends
-                self.silence.later(state, pin.deadline)
-                continue
-            self.programs.forget(state.program_id)
+        for state in self.silence.presume_ended(now, self.programs, self.pins):
             self.program_counters.presumed_ended += 1
             self._drop_program(state, plan)
-            self.silence.presumed(state)
         plan.host_expired = self.host.expire(now, hold)
         return plan
 
@@ -327,14 +327,16 @@ class ContinuumController:
         pin = self.pinning.shed(reason, self.clock(), ranked_after=ranked_after, keep=keep, spares=spares)
         if pin is not None:
             self.admission.admission_sheds += reason != "alloc"  # for a blocked turn
+            if reason == "hold_bound":  # released for a turn whose hold is up: it takes its own turn later
+                self.door.kept_nothing(self.programs.get(pin.program_id))
         return pin
 
     def reset(self) -> None:
-        """The engine dropped its whole cache (``/flush_cache``): pins dropped unlocked, as flushed."""
+        """``/flush_cache``: pins dropped unlocked, as flushed; the losses it causes are no signal."""
         self.pinning.flushed()
         self.host.clear()
-        self.bounded.return_loss.reset()  # the flush, not the load, took those contexts
-        self.door.let_go_loss.reset()
+        self.bounded.return_loss.reset()
+        self.residency.let_go_loss.reset()
 
     # -- queue order and admission -------------------------------------------------------
     def priority_key(self, tag: TurnTag, retracted: bool) -> tuple:
@@ -345,29 +347,28 @@ class ContinuumController:
         return self.rules.order(Waiting(tag, retracted, self.is_overdue(tag), pinned))
 
     def is_overdue(self, tag: TurnTag) -> bool:
-        """Bounded waiting (``core/bounded_waiting.py``): overtaken by its budget of later arrivals."""
-        return self.bounded.is_overdue(tag)
+        return self.bounded.is_overdue(tag)  # overtaken by its budget of later arrivals
 
     def holds_back(self, tag: TurnTag, request_tokens: int, capacity_tokens: int, **room) -> bool:
         """The door (``core/door.py``, ``Door.holds_back``, whose keywords ``room`` passes on) for a
         waiting turn; a turn held records it (once per turn)."""
         state = self.programs.get(tag.meta.program_id) if tag.meta.has_program else None
         held = self.door.holds_back(tag, state, request_tokens, capacity_tokens, now=self.clock(), **room)
-        if held and not tag.held_back:
-            tag.held_back = True
-            self.admission.held_back += 1
-            self.admission.paused += not tag.new_program
+        if held:
+            self.residency.held(tag, state, self.clock())  # a first turn binds; a new hold is bounded
+            if not tag.held_back:
+                tag.held_back = True
+                self.admission.held_back += 1
+                self.admission.paused += not tag.new_program
         return held
 
     def admission_reservation(self, tag: TurnTag, request_tokens: int) -> int:
-        """What a turn just added to a prefill selection will reserve in the working set once its
-        admission is recorded (``turn_admitted``, after the batch is formed)."""
+        """What a turn added to a prefill selection reserves in the working set once admitted."""
         return self.door.reservation(tag, request_tokens)
 
     # -- host tier (core/host_pins.py) ---------------------------------------------------------
     def offload(self, pin: Pin) -> FinishOutcome:
-        """A device pin ended before its program returned: whether its host copy is kept, how long."""
-        return self.host.offload(pin, self.ttl_model)
+        return self.host.offload(pin, self.ttl_model)  # a device pin ended first: keep a host copy?
 
     def host_returned(self, tag: TurnTag, loaded_tokens: int) -> list[Pin]:
         """A later turn was admitted: count what came back from host and release the host pin."""
@@ -395,8 +396,7 @@ class ContinuumController:
         }
 
     def merge_peer_samples(self, samples: list[Sample]) -> None:
-        """Tool samples other workers recorded (``StatsExchange.poll``): into the same windows as
-        this worker's own, so the TTL model reads the fleet's distribution. Not shared again."""
+        """Peers' tool samples (``StatsExchange.poll``) into this worker's windows; not shared again."""
         self.stats.merge(samples)
 
     def load_snapshot(self, tool_stats: dict, signals: dict) -> None:
@@ -422,7 +422,6 @@ class ContinuumController:
         return tag is None or tag.program is None or self.programs.get(meta.program_id) is tag.program
 
     def _drop_pins(self, program_id: str) -> list[Pin]:
-        """Release whatever the program holds (device pin, host pin)."""
         released = self.host.drop(program_id)
         pin = self.pinning.release(program_id)
         return released if pin is None else [*released, pin]

@@ -45,11 +45,12 @@ class ShedCounters:
     alloc: int = 0  # an allocation (prefill or decode) would otherwise fail
     budget: int = 0  # a new pin of an earlier program needed the pin budget
     stale: int = 0  # ... or any new pin: a pin whose program stayed away past its own usual gaps goes first
+    hold_bound: int = 0  # for a blocked turn whose hold bound passed, any pin (its program released)
     while_waiting: int = 0  # ... of which the program's next turn was already waiting (a certain hit lost)
     returned: int = 0  # programs whose pin was shed came back (the cost model's pin survival)
 
 
-SHED_REASONS = ("admission", "idle", "alloc")
+SHED_REASONS = ("admission", "idle", "alloc", "hold_bound")
 
 
 @dataclass(slots=True)

@@ -11,9 +11,9 @@ will need. A program whose KV the policy keeps nothing of while
 it is out on a tool leaves at once (``kept_nothing``), unless a host tier keeps it.
 
 **The door** holds a first turn while the capacity cannot hold the working set plus the turn's own
-reservation. An overdue first turn waits for room like any other (bounded waiting orders the
-queue; it does not open the door, and an open door is how the wave that thrashes the pool gets in),
-but it waits first: while an overdue first turn is held, the first turns behind it wait too, so that
+reservation, at most ``max_hold_s`` (``residency.py``: past it the turn is due and goes first). An
+overdue first turn waits for room like any other (bounded waiting orders the queue; it does not
+open the door, and an open door is how the wave that thrashes the pool gets in), but it waits first: while an overdue first turn is held, the first turns behind it wait too, so that
 smaller new programs cannot take, one after another, the room it waits for. Later turns,
 continuations found by prefix and requests without a program id are never held
 (``priority.door_exempt``), and the adapter never holds a turn when holding it would idle the
@@ -26,37 +26,22 @@ The capacity is the adapter's: the device pool, or with HiCache what the two tie
 Past that, letting more programs in only makes the host tier cycle (every return a re-prefill);
 holding whole programs at the door keeps the ones admitted served.
 
-**Residency** (no host tier): the door and the pin are one decision. While the door is *binding*
-(it held a first turn within ``BINDING_S``), the memory an admitted program keeps through its tool
-call is memory the door would give nobody: what keeping it costs is the engine's, a place in the
-batch left empty (worth the decode it would have batched: ``engine_time.py`` learns the decode
-share of the engine's time from the scheduler's steps), against the re-prefill its release would
-cost (``keeping_pays``, priced by the TTL model's rebuild cost: the prefill profile, times the
-share of their context the programs let go unpinned at their turn's end found gone when they came
-back: a context let go is only lost if the pool gives its room to others before the program is
-back). Where keeping pays, the program stays resident, pinned for the tool's usual time whatever
-the TTL model would pay. The same price decides whether
-the working set reserves room for programs to grow to the expected final context: where a
-re-prefill is cheap beside a larger batch (a decode-bound engine), it reserves only what they hold.
-And a return
-that found its context gone, from a program no longer in the working set, is a program the pool
-could not keep: it is *paused* at its turn boundary -- held like a first turn until the working set
-leaves it room, then resumed in the queue order -- rather than re-prefilled into a pool where it
-evicts the resident ones (the thrash of an over-admitted pool, or of a cold start before any
-program has ended). No running turn is preempted.
+**Residency** (no host tier), the pins that keep admitted programs through their tool calls, the
+returns paused at their turn boundary and the bound on every hold, is one decision of its own
+(``residency.py``): the door reads it, and holds no turn that has come due.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from typing import Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
-from sglang_continuum.core.engine_time import EngineTime
 from sglang_continuum.core.priority import door_exempt
 from sglang_continuum.core.programs import ProgramState, RegistryWatcher
-from sglang_continuum.core.return_loss import ReturnLossMeter
-from sglang_continuum.core.tool_stats import ToolStats
 from sglang_continuum.core.turns import TurnTag
+
+if TYPE_CHECKING:
+    from sglang_continuum.core.residency import Residency
 
 WORKING_SET_WINDOW_S = 30.0  # a program unseen this long (out on a tool) leaves the working set
 # ... with a host tier, where a program out on a tool keeps its KV without a pin: long enough for
@@ -69,14 +54,6 @@ FINAL_CONTEXT_WINDOW = 64  # ended programs whose final contexts give the expect
 # key, from a client that knows nothing of programs) is no agent program, and a client sending
 # them must not pull every program's growth reservation down
 FINAL_CONTEXT_MIN_TURNS = 2
-BINDING_S = 5.0  # the door binds for this long after it held a first turn
-RESIDENT_QUANTILE = 0.9  # a resident program's pin lasts this quantile of its tool's times
-RESIDENT_MIN_SAMPLES = 8  # ... known from this many of them (else from every tool's)
-# resident programs' pins may fill this share of the pool (the door keeps their room), beyond the
-# pin budget (``pin_budget_fraction``) that other pins keep to; the rest is the running turns' room
-# to prefill and grow (at 90%, 96 Claude Code sessions' running turns shed a resident pin for
-# admission about once every seven turns)
-RESIDENT_PIN_SHARE = 0.7
 
 
 class WorkingSet(RegistryWatcher):
@@ -95,6 +72,7 @@ class WorkingSet(RegistryWatcher):
         # every context change and rebuilt (O(working set)) only when E moves, i.e. when a program ends
         self._short: Optional[list[int]] = None
         self.reserve_growth = True  # count each program at least at the expected final context
+        self.pinned: Callable[[str], bool] = lambda program_id: False  # its pin still keeps its room
 
     def __len__(self) -> int:
         return len(self._working)
@@ -168,16 +146,19 @@ class WorkingSet(RegistryWatcher):
 
     def expire(self, now: float, touch: Callable[[ProgramState, float], None]) -> None:
         """Programs unseen for ``window_s`` leave; one with a turn in flight is alive, whatever its
-        last event (``touch``: seen now), and must not stop the others' expiry."""
+        last event (``touch``: seen now), and must not stop the others' expiry; one whose pin still
+        holds its room stays (a pin may outlast the window) and is looked at again a window later."""
         cutoff = now - self.window_s
-        while self._working:
+        for _ in range(len(self._working)):  # each program at most once: pinned ones go to the back
             state = next(iter(self._working.values()))
             if state.last_seen > cutoff:
                 break
             if state.in_flight > 0:
                 touch(state, now)
-                continue
-            self._leave(state)
+            elif self.pinned(state.program_id):
+                self._working.move_to_end(state.program_id)
+            else:
+                self._leave(state)
 
     def check_integrity(self) -> None:
         assert sum(s.context_tokens for s in self._working.values()) == self.tokens, "working-set token sum"
@@ -199,123 +180,28 @@ class WorkingSet(RegistryWatcher):
             self._count_short(state.context_tokens, -1)
 
 
-def _quantile(window, q: float) -> float:
-    ordered = window.sorted
-    return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
-
-
 class Door:
-    def __init__(
-        self, enabled: bool, stats: Optional[ToolStats] = None, rebuild_s: Optional[Callable[[int], float]] = None
-    ) -> None:
-        """``stats``: the tools' times, which say how long a resident program is kept;
-        ``rebuild_s``: seconds of engine time to rebuild a context of so many tokens (the TTL
-        model's), which prices keeping it (None: no price, keeping never pays)."""
+    def __init__(self, enabled: bool, residency: "Residency") -> None:
+        """``residency``: the pins, pauses and hold bound the door reads (``residency.py``)."""
         self.enabled = enabled
-        self.stats = stats
-        self.rebuild_s = rebuild_s
-        self.working_set = WorkingSet()
-        self.host_tier = False
-        self.binding_until = -1.0  # the door held a first turn lately (``BINDING_S``)
-        self.capacity_tokens = 0  # the capacity the adapter last weighed a turn against
-        self.engine = EngineTime()  # the decode share of the engine's time, which prices a batch place
-        # what a context let go loses: what of their context the programs let go at their turn's end
-        # (no pin) found gone on arrival (not those whose pin ended partway: they were kept part of
-        # the gap and would price a release too low)
-        self.let_go_loss = ReturnLossMeter()
-        self._growth_priced_at: Optional[tuple] = None  # the inputs of the last growth price
-
-    def binding(self, now: float) -> bool:
-        return now <= self.binding_until
-
-    def slots(self) -> float:
-        """``K``: how many programs the pool holds at the expected final context (the programs in
-        the working set before any program has ended)."""
-        expected = self.working_set.expected_final_context
-        if expected > 0 and self.capacity_tokens > 0:
-            return max(1.0, self.capacity_tokens / expected)
-        return float(max(1, len(self.working_set)))
-
-    def release_loss(self) -> float:
-        """The share of a context let go that its return will find gone: measured on the programs
-        let go at their turn's end (1 until enough of them are seen: every release priced as lost)."""
-        meter = self.let_go_loss
-        return meter.ratio if meter.ready else 1.0
-
-    def let_go_returned(self, previous_tokens: int, cached_tokens: int) -> None:
-        """A program let go at its turn's end came back: its context was ``previous_tokens`` when
-        that turn ended, and ``cached_tokens`` of it were found cached on arrival."""
-        self.let_go_loss.observe(previous_tokens, cached_tokens)
-
-    def keeping_pays(self, context_tokens: int, hold_s: float, lost: float = 1.0) -> bool:
-        """Whether keeping ``context_tokens`` of a program out on a tool for ``hold_s`` is worth
-        the engine's time. Kept, its room is a place in the batch nobody takes: for ``hold_s`` the
-        engine runs one program fewer of the ``K`` the pool holds (``slots``), which costs the
-        decode it would have batched, about ``hold_s / K`` of the engine's decode time (``hold_s *
-        decode_share / K``: a prefill runs no faster in a larger batch). Let go, its return
-        re-prefills the ``lost`` share of the context (where the pool gave its room to others),
-        ``rebuild_s`` of engine time in which none of the ``K`` decodes.
-        Keep iff ``lost * rebuild_s * K >= hold_s * decode_share``: on a prefill-bound engine (long
-        contexts, cheap decode steps or short answers) nearly always; on a decode-bound one, where
-        a re-prefill is cheap beside a larger batch, rarely."""
-        if self.rebuild_s is None:
-            return False
-        return lost * self.rebuild_s(context_tokens) * self.slots() >= hold_s * self.engine.decode_share
-
-    def resident_ttl(self, tool: str, now: float, context_tokens: int) -> float:
-        """How long to keep a program resident through ``tool`` while the door binds (0: it does
-        not, or keeping does not pay): the tool's usual time. It is priced at the room the door
-        keeps for it, at least the expected final context while growth is reserved: a program let
-        go young is rebuilt on its later returns at the size it grows to; and at the share of a
-        context let go that returns find gone (``release_loss``): where the pool keeps unpinned
-        contexts until their programs are back, a pin keeps the room from new programs for nothing."""
-        if not self.enabled or self.host_tier or self.stats is None or not self.binding(now):
-            return 0.0
-        window, _ = self.stats.window_for(tool, min_samples=RESIDENT_MIN_SAMPLES)
-        if len(window) == 0:
-            return 0.0
-        tau = _quantile(window, RESIDENT_QUANTILE)
-        size = max(context_tokens, self.working_set.floor)  # the room the door keeps for it
-        return tau if self.keeping_pays(size, tau, self.release_loss()) else 0.0
-
-    def _price_growth(self) -> None:
-        """Reserve room for growth unless the engine says a lost context is cheap: the room a
-        program will grow into, kept through the tools' usual time, against rebuilding a context
-        of that size (no host tier; with one, or before tools and ends are seen, growth is
-        reserved)."""
-        working, stats = self.working_set, self.stats
-        expected = working.expected_final_context
-        if self.host_tier or stats is None or expected == 0 or len(stats.global_samples) < RESIDENT_MIN_SAMPLES:
-            working.reserve_growth, self._growth_priced_at = True, None
-            return
-        # asked per held turn per step: priced again only when an input moves
-        key = (stats.global_samples.version, expected, self.capacity_tokens, round(self.engine.decode_share, 2))
-        if key != self._growth_priced_at:
-            self._growth_priced_at = key
-            tau = _quantile(stats.global_samples, RESIDENT_QUANTILE)
-            working.reserve_growth = self.keeping_pays(expected, tau)
-
-    def pauses(self, tag: TurnTag, state: Optional[ProgramState]) -> bool:
-        """A return that found its context gone, from a program out of the working set: paused
-        while the working set leaves it no room (no host tier: there, its KV waits on host)."""
-        return (
-            not self.host_tier
-            and state is not None
-            and tag.context_gone
-            and state.in_flight <= 1
-            and state.program_id not in self.working_set
-        )
+        self.residency = residency
+        self.working_set = residency.working_set
 
     def use_host_tier(self) -> None:
-        """A program out on a tool keeps its KV on host, pinned or not: its room is kept longer."""
-        self.host_tier = True
-        self.working_set.window_s = HOST_TIER_WORKING_SET_WINDOW_S
+        self.residency.use_host_tier()
 
     def kept_nothing(self, state: Optional[ProgramState]) -> None:
         """The policy keeps none of the program's KV through its tool call (no pin, or its pin ended):
         no room is kept for it, unless a host tier keeps the KV while it is seen."""
-        if not self.host_tier:
+        if not self.residency.host_tier:
             self.working_set.let_go(state)
+
+    def weighs(self, tag: TurnTag, state: Optional[ProgramState]) -> bool:
+        """Whether the door weighs ``tag``'s turn at all: a first turn, or a paused return
+        (``Residency.pauses``), not yet due."""
+        if not self.enabled or state is None or door_exempt(tag) or tag.due:
+            return False
+        return state.turns_admitted == 0 or self.residency.pauses(tag, state)
 
     def holds_back(
         self,
@@ -329,35 +215,22 @@ class Door:
         behind_overdue: bool = False,
         now: float = 0.0,
     ) -> bool:
-        """Whether ``tag``'s turn (of the program ``state``, None: ended) waits; ``idle``: nothing else
-        would run if it did; ``pending_tokens``: what turns admitted earlier in the same prefill
-        selection reserve (the working set learns of them only once the batch is formed; without
-        them every first turn of a selection would see the same room, and a wave of new programs
-        would pass together); ``behind_overdue``: an overdue first turn ahead of it is held.
-        A paused return (``pauses``) is weighed as a first turn is."""
-        if not self.enabled or idle or door_exempt(tag):
-            return False
-        if state is None:
-            return False
-        first_turn = state.turns_admitted == 0
-        if not first_turn and not self.pauses(tag, state):
+        """Whether ``tag``'s turn (of the program ``state``, None: ended) waits (a pure read); ``idle``:
+        nothing else would run if it did; ``pending_tokens``: what turns admitted earlier in the same
+        prefill selection reserve (the working set learns of them only once the batch is formed;
+        without them every first turn of a selection would see the same room, and a wave of new
+        programs would pass together); ``behind_overdue``: an overdue first turn ahead of it is held."""
+        if idle or not self.weighs(tag, state):
             return False
         if behind_overdue:
             return True
-        working = self.working_set
-        if len(working) == 0 and pending_tokens == 0:
+        if len(self.working_set) == 0 and pending_tokens == 0:
             return False
-        self.capacity_tokens = capacity_tokens
-        self._price_growth()
-        held = self.over_capacity(request_tokens, capacity_tokens, pending_tokens)
-        if held and first_turn:
-            self.binding_until = now + BINDING_S
-        return held
+        return self.over_capacity(request_tokens, capacity_tokens, pending_tokens)
 
     def over_capacity(self, request_tokens: int, capacity_tokens: int, pending_tokens: int = 0) -> bool:
         """Whether a turn of ``request_tokens`` would overfill ``capacity_tokens`` beside the working
-        set's reservation and ``pending_tokens``: ``holds_back``'s room check, read on the state the
-        door last priced (a pure read)."""
+        set's reservation and ``pending_tokens``: ``holds_back``'s room check."""
         working = self.working_set
         return working.reserved_tokens() + max(request_tokens, working.floor) + pending_tokens > capacity_tokens
 
@@ -371,5 +244,4 @@ class Door:
 
     def check_integrity(self) -> None:
         self.working_set.check_integrity()
-        self.engine.check_integrity()
-        self.let_go_loss.check_integrity()
+        self.residency.check_integrity()

@@ -2,9 +2,9 @@
 out of the budget, which pin gives its memory back when memory is needed, what expires, and the
 counts of all of it.
 
-A finished turn is pinned for the TTL model's time (``ttl.py``), or the door's while the door keeps
-its program resident (``door.py``: such a pin may fill the pins' ceiling, not only their budget),
-capped at ``max_ttl_s``. A pin that does not fit pushes out stale pins first, then the pin table
+A finished turn is pinned for the TTL model's time (``ttl.py``), or residency's while the door keeps
+its program resident (``residency.py``: such a pin may fill the pins' ceiling, not only their
+budget), capped at ``max_ttl_s``. A pin that does not fit pushes out stale pins first, then the pin table
 pushes out later programs' pins (``pins.py``). Which pin is shed for a blocked turn is
 ``shedding.py``'s choice; every shed is counted here by its reason, and a shed pin whose program
 comes back (or had already come back) is a miss the cost model's pin survival reads.
@@ -66,7 +66,7 @@ class Pinning:
         """Pin the finished turn's prefix for the TTL model's time, or the door's while it keeps the program
         resident, up to the pins' ceiling (``out.pin``; ``out.release``: later programs' pins pushed out)."""
         pid = state.program_id
-        resident = self.door.resident_ttl(tool, now, context_tokens)
+        resident = self.door.residency.resident_ttl(tool, now, context_tokens)
         out.ttl = ttl = min(max(self.ttl_model.ttl(TTLQuery(tool, context_tokens)), resident), self.max_ttl_s)
         state.pin_end = PIN_NONE  # until a pin is stored
         if ttl <= 0:
@@ -184,5 +184,5 @@ class Pinning:
         assert c.hits + c.expired + c.shed + c.released + c.flushed + len(self.pins) == c.created, "pin counters"
         self.survival.check_integrity()
         d = self.sheds
-        assert d.admission + d.idle + d.alloc + d.budget + d.stale == c.shed, "shed counters by rule"
+        assert d.admission + d.idle + d.alloc + d.budget + d.stale + d.hold_bound == c.shed, "shed counters by rule"
         assert d.while_waiting <= c.shed, "sheds while waiting"

@@ -2,15 +2,17 @@
 
 Keys, in order (smaller first):
 1. retracted/preempted requests first (they already paid for admission once);
-2. requests whose program holds a live pin (their prefix is resident: admitting them is cheap
+2. turns the door held until their hold bound passed (``residency.py``), oldest first: the next
+   room is theirs, before any other turn's;
+3. requests whose program holds a live pin (their prefix is resident: admitting them is cheap
    and frees the pin's memory);
-3. overdue requests, oldest first: no request waits unboundedly behind programs that keep
+4. overdue requests, oldest first: no request waits unboundedly behind programs that keep
    coming back (what makes a request overdue is the controller's business: being overtaken by
    its budget of later arrivals, ``core/bounded_waiting.py``);
-4. returning turns that found their context cached when they arrived: program arrival (the
+5. returning turns that found their context cached when they arrived: program arrival (the
    program's first turn), then request arrival;
-5. returning turns that found their context gone (``context_gone``), in request arrival;
-6. turns of new programs (none of their turns admitted yet: first turns), then requests without a
+6. returning turns that found their context gone (``context_gone``), in request arrival;
+7. turns of new programs (none of their turns admitted yet: first turns), then requests without a
    program id: program arrival, then request arrival.
 Program order pays by serving a program while its context is still there. A return whose context
 is gone re-prefills it wherever it is placed; placed by its program's age it would put the longest
@@ -32,7 +34,7 @@ from typing import Callable, Optional
 from sglang_continuum.core.metadata import SOURCE_INFERRED
 from sglang_continuum.core.turns import TurnTag
 
-RETRACTED, PINNED, OVERDUE, WAITING, CONTEXT_GONE, NEW = 0, 1, 2, 3, 4, 5
+RETRACTED, DUE, PINNED, OVERDUE, WAITING, CONTEXT_GONE, NEW = 0, 1, 2, 3, 4, 5, 6
 
 QueueKey = tuple[int, int, int]
 # the share of its context a returning turn must find cached when it arrives to keep its
@@ -86,6 +88,11 @@ class Waiting:
         return self.tag.context_gone
 
     @property
+    def due(self) -> bool:
+        """The door held it until its hold bound passed."""
+        return self.tag.due
+
+    @property
     def new_program(self) -> bool:
         """No turn of its program has been admitted, when it arrived or since (or no program): its
         key changes when another turn of its program is admitted first (the controller's
@@ -100,6 +107,8 @@ OrderKey = Callable[[Waiting], QueueKey]  # a queue order (``core.rules.Rules.or
 def program_fcfs(w: Waiting) -> QueueKey:
     if w.retracted:
         return (RETRACTED, w.program_rank, w.request_rank)
+    if w.due:
+        return (DUE, w.request_rank, 0)
     if w.pinned:
         return (PINNED, w.program_rank, w.request_rank)
     if w.overdue:

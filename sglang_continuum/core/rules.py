@@ -1,9 +1,10 @@
 """A policy composition (``Rules``): one slot per decision -- the waiting queue's order, the TTL
-model, the door, the wait bound, which pin to shed -- and the policy's time scales, selected by
-name.
+model, residency, the door, the wait bound, which pin to shed -- and the policy's time scales,
+selected by name.
 
 The product is one composition, ``DEFAULT``: program-level FCFS (``priority.program_fcfs``), the
-paper's cost model (``cost_model.cost_model``), the door with its working set (``door.Door``),
+paper's cost model (``cost_model.cost_model``), residency with its hold bound
+(``residency.Residency``), the door with its working set (``door.Door``),
 bounded waiting (``bounded_waiting.BoundedWaiting``), stale-then-latest shedding
 (``shedding.Shedding``) and the time scales below. Each slot is a factory the controller calls
 once, so an experiment on any decision is a variant, never an edit of the controller. Research variants -- the paper's ablations, a probe's short lifetimes -- are other
@@ -27,6 +28,7 @@ from sglang_continuum.core.cost_model import cost_model
 from sglang_continuum.core.door import Door
 from sglang_continuum.core.priority import OrderKey, program_fcfs
 from sglang_continuum.core.programs import PROGRAM_IDLE_TIMEOUT_S
+from sglang_continuum.core.residency import Residency
 from sglang_continuum.core.shedding import Shedding
 
 if TYPE_CHECKING:
@@ -37,8 +39,10 @@ if TYPE_CHECKING:
     from sglang_continuum.core.ttl import TTLModel, TTLSettings
 
 TTLFactory = Callable[["TTLSettings", "ToolStats"], "TTLModel"]
-# (admission_control setting, tool statistics, the TTL model's rebuild seconds per context) -> the door
-DoorFactory = Callable[[bool, "ToolStats", Callable[[int], float]], Door]
+# (admission_control setting, tool statistics, the TTL model's rebuild seconds per context, and the
+# max_ttl_s and max_hold_s settings as keywords) -> residency
+ResidencyFactory = Callable[..., Residency]
+DoorFactory = Callable[[bool, Residency], Door]  # (admission_control setting, residency) -> the door
 WaitBoundFactory = Callable[[int], BoundedWaiting]  # (max_overtakes setting) -> the wait bound
 SheddingFactory = Callable[["PinTable", "ProgramRegistry", "Silence"], Shedding]
 
@@ -68,6 +72,7 @@ class Rules:
     name: str
     order: OrderKey = program_fcfs
     ttl_model: TTLFactory = cost_model
+    residency: ResidencyFactory = Residency
     door: DoorFactory = Door
     wait_bound: WaitBoundFactory = BoundedWaiting
     shedding: SheddingFactory = Shedding

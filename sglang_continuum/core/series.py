@@ -4,7 +4,7 @@ reports and ``docs/metrics.md`` all use (``tests/unit/test_series.py`` checks th
 ``source`` names where the value lives: ``counters.<field>`` (``PinCounters``),
 ``host.<field>`` (``HostCounters``), ``admission.<field>`` (``AdmissionCounters``),
 ``programs.<field>`` (``ProgramCounters``), ``sheds.<field>`` (``ShedCounters``),
-``identity.<field>`` (``IdentityCounters``),
+``identity.<field>`` (``IdentityCounters``), ``holds.<field>`` (``residency.Holds``),
 ``saver.<field>`` (``StatsSaver``), or ``gauge.<name>`` (computed by the exporter).
 """
 
@@ -50,6 +50,7 @@ return_loss_ratio             | gauge     | gauge.return_loss_ratio             
 release_loss_ratio            | gauge     | gauge.release_loss_ratio            | -    | Share of their previous contexts that programs let go unpinned at their turn's end found gone when they came back (last 32 of them; 1 until 8 are seen): what letting a context go loses, which prices keeping a program resident (no host tier).
 overtake_budget               | gauge     | gauge.overtake_budget               | -    | Later arrivals that may be admitted ahead of a returning turn entering the queue now before it is overdue, in average prompts prefilled (max_overtakes, down to 2 as the return loss passes 0.5; a first turn keeps max_overtakes; 0: no bound).
 oldest_wait_seconds           | gauge     | gauge.oldest_wait_seconds           | -    | How long the oldest waiting request has waited.
+longest_hold_seconds          | gauge     | gauge.longest_hold_seconds          | -    | How long the longest-waiting turn that admission control held (a first turn or a paused return), not yet admitted, has waited; max_hold_s bounds it, plus the time to free room once it is due.
 # pin counters
 pins_created                  | counter   | counters.created                    | -    | Pins created after a non-final turn.
 pin_hits                      | counter   | counters.hits                       | -    | Next turns admitted while their pin held the prefix.
@@ -61,7 +62,8 @@ pins_flushed                  | counter   | counters.flushed                    
 # admission
 held_back_requests            | counter   | admission.held_back                 | -    | Turns admission control kept waiting (once per request): new programs' first turns and paused returns.
 programs_paused               | counter   | admission.paused                    | -    | Of them, returns that found their context gone and were paused at a turn boundary until the working set left them room (no host tier).
-admission_sheds               | counter   | admission.admission_sheds           | -    | Pins shed so that a blocked turn could be admitted (ranked after it, or any rank when the engine would idle or the pin is stale).
+admission_sheds               | counter   | admission.admission_sheds           | -    | Pins shed so that a blocked turn could be admitted (ranked after it, or any rank when the engine would idle, the turn's hold bound passed or the pin is stale).
+holds_due                     | counter   | holds.came_due                      | -    | Held turns whose hold bound (max_hold_s from their arrival) passed: no longer held, admitted next.
 requests_admitted             | counter   | admission.admitted                  | -    | Requests admitted.
 overdue_admitted              | counter   | admission.overdue_admitted          | -    | Requests that were overdue (overtaken as many times as their budget) when admitted.
 # pins shed, by rule (they sum to pin_sheds)
@@ -69,6 +71,7 @@ pin_sheds_admission           | counter   | sheds.admission                     
 pin_sheds_idle                | counter   | sheds.idle                          | -    | Pins of any rank shed for a blocked turn because the engine would otherwise idle.
 pin_sheds_alloc               | counter   | sheds.alloc                         | -    | Pins shed because an allocation would otherwise fail.
 pin_sheds_budget              | counter   | sheds.budget                        | -    | Pins of later programs shed for an earlier one's pin.
+pin_sheds_hold_bound          | counter   | sheds.hold_bound                    | -    | Pins of any rank shed for a blocked turn whose hold bound passed: resident programs released, each to take its own turn (one rebuild each: what the bound costs).
 pin_sheds_stale               | counter   | sheds.stale                         | -    | Pins shed first, whatever their rank, because their program (whose client announces no ends) stayed away past its own pace.
 pin_sheds_while_waiting       | counter   | sheds.while_waiting                 | -    | Pins shed while their program's next turn was already waiting (a certain hit thrown away).
 pin_sheds_returned            | counter   | sheds.returned                      | -    | Programs that came back after their pin was shed (the cost model's pin survival reads it).
@@ -103,6 +106,7 @@ stats_saves                   | counter   | saver.saved                         
 stats_save_failures           | counter   | saver.failures                      | -    | Failed statistics writes (serving continues).
 # histogram
 ttl_seconds                   | histogram | ttl                                 | -    | TTL chosen per pin decision.
+hold_seconds                  | histogram | holds                               | -    | Wait of each turn admission control held, from its arrival to its admission, labelled turn="first_turn" (a new program's first turn) or turn="pause" (a return paused at its turn boundary).
 # host tier (HiCache)
 host_pinned_programs          | gauge     | gauge.host_pinned_programs          | host | Programs whose host copy is protected.
 host_pinned_tokens            | gauge     | gauge.host_pinned_tokens            | host | Host tokens protected by host pins.

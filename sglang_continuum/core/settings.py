@@ -53,6 +53,12 @@ class ContinuumSettings(BaseModel):
     admission_control: bool = Field(
         True, description="a new program's first turn waits while the working sets of programs in flight fill the pool"
     )
+    max_hold_s: float = Field(
+        240.0,
+        ge=0,
+        description="longest admission control holds a turn (a first turn, a paused return), from its arrival: "
+        "past it the turn is admitted next, resident programs out on a tool released to make room; 0 = no bound",
+    )
     infer_programs: bool = Field(
         True, description="requests with no program id continue the program whose context their prompt extends"
     )

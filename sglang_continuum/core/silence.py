@@ -86,6 +86,21 @@ class Silence:
             if self._away(state, since, programs):
                 yield state
 
+    def presume_ended(self, now: float, programs: ProgramRegistry, pins: PinTable) -> list[ProgramState]:
+        """Programs away past their horizon, forgotten and remembered as presumed ended (the caller
+        drops what they held); one whose pin still holds is looked at again when it ends (the cost
+        model still expects it back)."""
+        ended = []
+        for state in list(self.due(now, programs)):
+            pin = pins.get(state.program_id)
+            if pin is not None:
+                self.later(state, pin.deadline)
+                continue
+            programs.forget(state.program_id)
+            self.presumed(state)
+            ended.append(state)
+        return ended
+
     def later(self, state: ProgramState, when: float) -> None:
         """Look at ``state`` again at ``when`` (it still held a pin)."""
         heapq.heappush(self._presume, (when, next(self._seq), state, state.last_finish))

@@ -26,6 +26,12 @@ class TurnTag:
     turn: int = 1  # its program's turns seen here so far, this one included (1 = first turn)
     context_gone: bool = False  # a return without a pin that found most of its context gone on arrival
     new_program: bool = True  # no turn of its program had been admitted when it arrived (or no program)
+    lost_tokens: int = 0  # a return: what of its program's last context it found gone on arrival
+    # The hold bound (``residency.py``): when a turn the door held stops being held (None: never
+    # held, or no bound), whether that time came (the door lets it go), whether its hold ended.
+    due_at: Optional[float] = None
+    due: bool = False
+    hold_ended: bool = False
     # Bounded waiting. ``queued_at``: when it (re-)entered the queue (a retraction restarts it).
     # ``overtake_base``: the overtaking clock (``BoundedWaiting.overtake_clock``) when it (re-)entered, plus
     # the requests already waiting then (those go first under FCFS too); the clock beyond that is

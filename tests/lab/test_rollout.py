@@ -226,14 +226,17 @@ def test_an_emulated_rollout_releases_every_program_at_once_and_finishes_each(tm
         [
             "--rollout", "2x2", "--rollout-token-scale", "0.05", "--emulate", str(PROFILE),
             "--policies", "fcfs,continuum", "--seeds", "1", "--max-total-tokens", "20000", "--out", str(out),
+            "--client-timeout-s", "900", "--client-retries", "1",
         ]
     )  # fmt: skip
     assert rc == 0
     report = json.loads((out / "report.json").read_text())
+    assert (report["rollout"]["client_timeout_s"], report["rollout"]["client_retries"]) == (900.0, 1)
     assert [r["policy"] for r in report["rows"]] == ["fcfs", "continuum"]
     for policy in ("fcfs", "continuum"):
         run = json.loads((out / "runs" / f"{policy}-rollout2x2-s1-r0.json").read_text())
         programs = run["replay"]["programs"]
+        assert (run["replay"]["client_timeout_s"], run["replay"]["client_retries"]) == (900.0, 1)  # the run's clients
         assert len(programs) == 4 and all(p["ok"] for p in programs)
         assert all(p["turns"][0]["send"] == 0.0 for p in programs)  # the closed batch: all at t = 0
         figures = next(r["figures"] for r in report["runs"] if r["policy"] == policy)

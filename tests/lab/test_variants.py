@@ -72,10 +72,10 @@ def test_with_pause_binding_a_held_pause_binds_the_door_while_no_first_turn_was_
         if first_held_ago is not None:
             assert c.holds_back(c.turn_arrived(meta["new"]), 500, 1000)  # a first turn held
             clock.advance(first_held_ago)
-        assert not c.door.binding(clock())
+        assert not c.residency.binding(clock())
         back = c.turn_arrived(meta["a"], prompt_tokens=700, cached_tokens=lambda: 0)
         assert back.context_gone and c.holds_back(back, 700, 1000)  # paused
-        assert c.door.binding(clock()) is resident
+        assert c.residency.binding(clock()) is resident
         out = c.turn_finished(meta["b"], context_tokens=600, handle=object(), tag=b)
         assert (out.pin is not None and out.ttl == 9.0) is resident, (door, first_held_ago)
         assert ("b" in c.door.working_set) is resident

@@ -104,13 +104,13 @@ def expired_pin_goes_to_host_and_next_turn_loads_it_back(tiny_model, write_polic
     rng = random.Random(7)
     seen = {}
     steps = []  # what each scheduler iteration told the engine's timings ran since the last one
-    engine_step = cache.controller.door.engine.step
+    engine_step = cache.controller.residency.engine.step
 
     def timed(now, ran, prefilled=(0, 0)):
         steps.append((ran, prefilled))
         engine_step(now, ran, prefilled)
 
-    cache.controller.door.engine.step = timed
+    cache.controller.residency.engine.step = timed
 
     def tool_call():
         pin = cache.controller.pins.get("P")

@@ -408,9 +408,13 @@ def test_bench_sessions_keeps_n_sessions_in_flight_and_reports_the_window(tmp_pa
     assert rc == 0
     report = json.loads((out / "report.json").read_text())
     assert [(r["policy"], r["sessions"]) for r in report["rows"]] == [("fcfs+hicache-write-back", 2)]
+    # the clients gave up as the OpenAI SDK's do unless told otherwise, and the report says so
+    assert (report["protocol"]["client_timeout_s"], report["protocol"]["client_retries"]) == (600.0, 2)
+    assert report["rows"][0]["timeouts"] == 0 and "gives up on a try after 600 s" in (out / "report.md").read_text()
     for n in (2,):
         run = json.loads((out / "runs" / f"fcfs+hicache-write-back-n{n}-s1-r0.json").read_text())
         assert "--hicache-write-policy write_back" in run["emulator"]["server_argv"]
+        assert (run["replay"]["client_timeout_s"], run["replay"]["client_retries"]) == (600.0, 2)
         programs = run["replay"]["programs"]
         assert len(programs) > 3 and any(p["program_id"].endswith(".1") for p in programs)  # the trace cycled
         ends = sorted(p["end"] for p in programs if p["end"] is not None)

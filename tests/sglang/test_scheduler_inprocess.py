@@ -75,7 +75,7 @@ def sized_by_todays_contexts(monkeypatch, controller):
 def keep_nobody_resident(monkeypatch, controller):
     """The TTL model alone prices pins: this module's prefill profile makes any rebuild dear, so a
     binding door would keep every program resident, slow tools and all."""
-    monkeypatch.setattr(controller.door, "resident_ttl", lambda tool, now, context_tokens: 0.0)
+    monkeypatch.setattr(controller.residency, "resident_ttl", lambda tool, now, context_tokens: 0.0)
 
 
 def test_plugin_objects_are_installed(driver):
@@ -119,7 +119,7 @@ def test_the_door_learns_how_the_engine_spends_its_time_from_the_batches_that_ra
     (A request with no program: an ended program would move the expected final context the later
     tests' door weighs.)"""
     controller = driver.s.tree_cache.controller
-    engine = controller.door.engine
+    engine = controller.residency.engine
     busy, decode = engine.busy_s, engine.decode_s
     steps, seen = engine.prefill.steps, engine.prefill.tokens
     driver.submit(tokens(random.Random(7), 300), max_new_tokens=24)
@@ -683,4 +683,44 @@ def test_the_first_turn_held_at_the_door_ends_the_selection_walk(driver, monkeyp
     assert all(driver.req(rid).finished() for rid in firsts) and driver.req(x).finished()
     for i in range(30):
         cache.end_program(f"walk-{i}")
+    cache.check_integrity()
+
+
+def test_a_first_turn_held_past_its_bound_is_served_while_a_resident_program_holds_the_pool(driver, monkeypatch):
+    """A resident program's pin (~560 tokens) and a decode fill the pool; a new program's first turn
+    (600 tokens) is held at the door. Once it has waited its bound (``max_hold_s``, here 0.3 s) it
+    is no longer held: blocked for memory, it sheds the resident pin
+    (which SGLang's own admission would never do for a later program), the resident program
+    leaves the working set, and the turn is served while the decode runs on (nothing preempted)."""
+    import time
+
+    rng = random.Random(91)
+    drain_pins(driver)
+    cache = driver.s.tree_cache
+    controller = cache.controller
+    sized_by_todays_contexts(monkeypatch, controller)
+    monkeypatch.setattr(controller.residency, "max_hold_s", 0.3)
+    driver.submit(tokens(rng, 560), max_new_tokens=4, custom_params=meta("bound-old", "fast"))
+    driver.run_until_idle()
+    assert "bound-old" in controller.pins
+    x = driver.submit(tokens(rng, 20), max_new_tokens=200)  # a decode: holding back would not idle
+    driver.step()
+    new = driver.submit(tokens(rng, 600), max_new_tokens=4, custom_params=meta("bound-new"))
+    for _ in range(2):
+        driver.step()
+    tag = get_tag(driver.req(new))
+    assert tag.held_back and not tag.due and new not in driver.admitted
+    sheds = controller.sheds.hold_bound
+    time.sleep(0.35)
+    for _ in range(4):
+        driver.step()
+    assert tag.due and new in driver.admitted
+    assert controller.sheds.hold_bound == sheds + 1 and "bound-old" not in controller.pins
+    assert "bound-old" not in controller.door.working_set
+    assert not driver.req(x).finished()  # the decode ran on throughout
+    driver.run_until_idle()
+    assert driver.req(new).finished() and driver.req(x).finished()
+    assert controller.residency.holds.longest(controller.clock()) == 0.0
+    for p in ("bound-old", "bound-new"):
+        cache.end_program(p)
     cache.check_integrity()

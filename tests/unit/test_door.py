@@ -108,52 +108,52 @@ def test_while_the_door_binds_a_program_out_on_a_tool_stays_resident_where_the_e
 
 
 def test_a_young_program_is_priced_at_the_room_the_door_keeps_for_it():
-    """A program of 100 tokens rebuilds in 0.1 s, but the door keeps it room for the expected
-    final context (900 tokens: 0.9 s) and it will be rebuilt at that size: with one slot and tools
+    """A program of 100 tokens rebuilds in 0.2 s, but the residency keeps it room for the expected
+    final context (900 tokens: 1.8 s) and it will be rebuilt at that size: with one slot and tools
     of p90 0.5 s, keeping it pays."""
-    from sglang_continuum.core.door import Door
     from sglang_continuum.core.programs import ProgramState
+    from sglang_continuum.core.residency import Residency
     from sglang_continuum.core.tool_stats import ToolStats
 
     stats = ToolStats()
     for seconds in (0.1, 0.2, 0.3, 0.4, 0.5, 0.1, 0.2, 0.3, 0.4, 0.5):
         stats.record("bash", seconds)
-    door = Door(True, stats, rebuild_s=lambda tokens: tokens / 1000)
+    residency = Residency(True, stats, rebuild_s=lambda tokens: tokens / 500)
     ended = ProgramState("ended", arrival_rank=1, last_seen=0.0, turns_arrived=2, turns_finished=2)
     ended.context_tokens = 900
-    door.working_set.forgotten(ended)
-    door.binding_until = 10.0
-    assert door.working_set.floor == 900
-    assert door.resident_ttl("bash", now=1.0, context_tokens=100) == 0.5
-    door.working_set.reserve_growth = False  # growth not reserved: priced at its own 100 tokens
-    assert door.resident_ttl("bash", now=1.0, context_tokens=100) == 0.0
+    residency.working_set.forgotten(ended)
+    residency.binding_until = 10.0
+    assert residency.working_set.floor == 900
+    assert residency.resident_ttl("bash", now=1.0, context_tokens=100) == 0.5
+    residency.working_set.reserve_growth = False  # growth not reserved: priced at its own 100 tokens
+    assert residency.resident_ttl("bash", now=1.0, context_tokens=100) == 0.0
 
 
 def test_where_unpinned_contexts_survive_their_tools_keeping_them_resident_does_not_pay():
     """A context let go is lost only if the pool gives its room away before its program is back.
-    Rebuilding 900 tokens costs 0.9 s against a tool's p90 of 0.5 s (one slot): priced as lost
+    Rebuilding 900 tokens costs 1.8 s against a tool's p90 of 0.5 s (one slot): priced as lost
     (before eight unpinned returns are seen, or while they find their contexts gone) the program
-    stays resident; where they find 80% of it still cached, a release loses 0.18 s and a pin only
+    stays resident; where they find 80% of it still cached, a release loses 0.36 s and a pin only
     keeps the room from new programs."""
-    from sglang_continuum.core.door import Door
+    from sglang_continuum.core.residency import Residency
     from sglang_continuum.core.tool_stats import ToolStats
 
     stats = ToolStats()
     for seconds in (0.1, 0.2, 0.3, 0.4, 0.5, 0.1, 0.2, 0.3, 0.4, 0.5):
         stats.record("bash", seconds)
-    door = Door(True, stats, rebuild_s=lambda tokens: tokens / 1000)
-    door.binding_until = 10.0
+    residency = Residency(True, stats, rebuild_s=lambda tokens: tokens / 500)
+    residency.binding_until = 10.0
     for _ in range(7):
-        door.let_go_returned(900, 720)
-    assert door.release_loss() == 1.0  # too few returns: every release priced as lost
-    assert door.resident_ttl("bash", now=1.0, context_tokens=900) == 0.5
-    door.let_go_returned(900, 720)
-    assert door.release_loss() == pytest.approx(0.2)
-    assert door.resident_ttl("bash", now=1.0, context_tokens=900) == 0.0
+        residency.let_go_returned(900, 720, now=0.0)
+    assert residency.release_loss() == 1.0  # too few returns: every release priced as lost
+    assert residency.resident_ttl("bash", now=1.0, context_tokens=900) == 0.5
+    residency.let_go_returned(900, 720, now=0.0)
+    assert residency.release_loss() == pytest.approx(0.2)
+    assert residency.resident_ttl("bash", now=1.0, context_tokens=900) == 0.0
     for _ in range(32):  # the pool fills: returns find their contexts gone again
-        door.let_go_returned(900, 0)
-    assert door.resident_ttl("bash", now=1.0, context_tokens=900) == 0.5
-    door.check_integrity()
+        residency.let_go_returned(900, 0, now=0.0)
+    assert residency.resident_ttl("bash", now=1.0, context_tokens=900) == 0.5
+    residency.check_integrity()
 
 
 def test_a_program_let_go_at_its_turns_end_tells_the_door_what_it_found_and_others_do_not():
@@ -164,9 +164,9 @@ def test_a_program_let_go_at_its_turns_end_tells_the_door_what_it_found_and_othe
     c.turn_admitted(a, 1000)
     c.turn_finished(meta("a"), context_tokens=1000, handle=object(), tag=a)  # no pin (0 s)
     c.turn_arrived(meta("a"), prompt_tokens=1200, cached_tokens=lambda: 250)
-    assert c.door.let_go_loss.observed == 1 and c.door.let_go_loss.ratio == 0.75
+    assert c.residency.let_go_loss.observed == 1 and c.residency.let_go_loss.measured == 0.75
     c.turn_arrived(meta("b"), prompt_tokens=1200, cached_tokens=lambda: 0)  # a first turn: nothing let go
-    assert c.door.let_go_loss.observed == 1
+    assert c.residency.let_go_loss.observed == 1
     p, clock = make(fixed_ttl_s=1.0, max_overtakes=0)
     b = p.turn_arrived(meta("b"))
     p.turn_admitted(b, 1000)
@@ -174,10 +174,10 @@ def test_a_program_let_go_at_its_turns_end_tells_the_door_what_it_found_and_othe
     clock.advance(2.0)
     assert len(p.step(lambda pid: False).expired) == 1  # its pin ended partway through the gap
     p.turn_arrived(meta("b"), prompt_tokens=1200, cached_tokens=lambda: 0)
-    assert p.door.let_go_loss.observed == 0
+    assert p.residency.let_go_loss.observed == 0
     p.check_integrity()
     c.reset()  # a flush, not the load, took what returns find gone next
-    assert c.door.let_go_loss.ratio == 0.0
+    assert c.residency.let_go_loss.measured == 0.0
     c.check_integrity()
 
 
@@ -190,7 +190,7 @@ def test_on_a_prefill_bound_engine_an_empty_batch_place_is_cheap_and_keeping_pay
         c, _ = make(fixed_ttl_s=0.0, rebuild_s=2.0, max_overtakes=0, budget=500, ceiling=900)
         for seconds in (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0):
             c.stats.record("bash", seconds)
-        engine, now = c.door.engine, 0.0
+        engine, now = c.residency.engine, 0.0
         engine.step(now, None)
         for i in range(10):  # ten 1-second steps, the first ``decode_steps`` of them decode
             now += 1.0
@@ -304,7 +304,7 @@ def test_without_a_measured_bandwidth_a_reload_is_priced_at_what_the_engines_loa
         c = ContinuumController(ContinuumSettings(), clock=ManualClock())
         c.attach_host_tier(reload=guess, host_budget_tokens=10_000, hold_cost=0.5, learn_reload=learn)
         assert c.ttl_model.rebuild_s(10_000) == pytest.approx(guess.seconds(10_000))
-        engine, now = c.door.engine, 0.0
+        engine, now = c.residency.engine, 0.0
         engine.step(now, None)
         for i in range(12):  # 20 us a prefilled token, 5 us a loaded one
             e, loaded = 1024 * (1 + i % 3), 3000 * (i % 2)
@@ -342,7 +342,7 @@ def test_without_a_measured_profile_a_rebuild_is_priced_at_the_engines_own_prefi
     for configured in (None, str(profile)):
         c = ContinuumController(ContinuumSettings(prefill_profile=configured), clock=ManualClock())
         assert c.ttl_model.rebuild_s(1000) == pytest.approx(1.0 if configured else DEFAULT_PROFILE.seconds(1000))
-        engine, now = c.door.engine, 0.0
+        engine, now = c.residency.engine, 0.0
         engine.step(now, None)
         for i in range(12):  # 20 us a token, nothing else
             e = 1024 * (1 + i % 3)
@@ -350,7 +350,7 @@ def test_without_a_measured_profile_a_rebuild_is_priced_at_the_engines_own_prefi
             engine.step(now, False, (e, e * e))
         expected = 1.0 if configured else 20e-6 * 1000
         assert c.ttl_model.rebuild_s(1000) == pytest.approx(expected)
-        assert c.door.rebuild_s(1000) == pytest.approx(expected)  # the door prices residency the same
+        assert c.residency.rebuild_s(1000) == pytest.approx(expected)  # the door prices residency the same
         c.check_integrity()
 
 
@@ -372,6 +372,7 @@ def test_room_for_growth_is_reserved_only_where_a_lost_context_is_dear():
             c.turn_finished(ProgramMeta(pid, is_last_step=True), context_tokens=900, handle=None, tag=t)
         assert c.door.working_set.expected_final_context == 900
         c.turn_admitted(c.turn_arrived(meta("a")), 300)
+        c.step(lambda pid: False, 1000)  # residency is priced once per step
         assert c.holds_back(c.turn_arrived(meta("new")), 300, 1000) is held, rebuild_s
         assert c.door.working_set.reserve_growth is held
         c.check_integrity()

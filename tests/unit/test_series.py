@@ -109,3 +109,43 @@ def test_each_data_parallel_rank_keeps_its_own_gauges(tmp_path):
         if s.name == "sglang:continuum_tracked_programs"
     }
     assert tracked == {("0", "0"): 1.0, ("0", "1"): 2.0}
+
+
+def test_held_turns_reach_the_hold_histogram_by_kind_and_the_longest_hold_gauge(tmp_path):
+    """A first turn held 7 s then admitted lands in ``hold_seconds{turn="first_turn"}``; one still
+    held for 3 s is the longest hold; the pause child is exported at 0 before any pause."""
+    import os
+    import subprocess
+    import sys
+
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    script = (
+        "from sglang_continuum.adapter.metrics import ContinuumMetrics\n"
+        "from sglang_continuum.core.metadata import ProgramMeta\n"
+        "from tests.support import controller\n"
+        "ctl, clock = controller(max_overtakes=0)\n"
+        "ctl.turn_admitted(ctl.turn_arrived(ProgramMeta('a')), 800)\n"
+        "held = ctl.turn_arrived(ProgramMeta('held'))\n"
+        "assert ctl.holds_back(held, 300, 1000)\n"
+        "clock.advance(4.0)\n"
+        "later = ctl.turn_arrived(ProgramMeta('later'))\n"
+        "assert ctl.holds_back(later, 300, 1000)\n"
+        "clock.advance(3.0)\n"
+        "ctl.turn_admitted(held, 300)\n"
+        "ContinuumMetrics().update(ctl)\n"
+    )
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    subprocess.run([sys.executable, "-c", script], check=True, env=env, cwd=Path(__file__).parents[2])
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(tmp_path))
+    samples = {
+        (s.name, s.labels.get("turn"), s.labels.get("le")): s.value for f in registry.collect() for s in f.samples
+    }
+    assert samples[("sglang:continuum_hold_seconds_count", "first_turn", None)] == 1.0
+    assert samples[("sglang:continuum_hold_seconds_sum", "first_turn", None)] == 7.0
+    assert samples[("sglang:continuum_hold_seconds_bucket", "first_turn", "5.0")] == 0.0
+    assert samples[("sglang:continuum_hold_seconds_bucket", "first_turn", "10.0")] == 1.0
+    assert samples[("sglang:continuum_hold_seconds_count", "pause", None)] == 0.0
+    assert samples[("sglang:continuum_longest_hold_seconds", None, None)] == 3.0

@@ -23,6 +23,14 @@ def turn_rid(program_id: str, turn: int) -> str:
     return f"{program_id}#{turn}"
 
 
+def retry_rid(program_id: str, turn: int, retry: int) -> str:
+    """The rid of a turn's ``retry``-th resend after a client timeout (its ``turn_rid`` for the
+    first try): ``<program>~r<retry>#<turn>``. SGLang aborts every request whose rid *starts with*
+    the aborted one, and a disconnect's abort may reach the scheduler after the resend did: no
+    resend's rid may extend an earlier try's. The scoring reads each turn's first try."""
+    return turn_rid(program_id, turn) if retry == 0 else f"{program_id}~r{retry}#{turn}"
+
+
 def read_log(path: Path) -> dict[str, tuple[str, str]]:
     """rid -> (program id, source); unreadable lines are skipped (a crash may cut the last one)."""
     out: dict[str, tuple[str, str]] = {}

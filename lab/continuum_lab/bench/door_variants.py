@@ -16,8 +16,9 @@ from typing import Optional
 
 import numpy as np
 
-from sglang_continuum.core.door import HOST_TIER_WORKING_SET_WINDOW_S, Door, WorkingSet
+from sglang_continuum.core.door import HOST_TIER_WORKING_SET_WINDOW_S, WorkingSet
 from sglang_continuum.core.programs import ProgramState
+from sglang_continuum.core.residency import Residency
 from sglang_continuum.core.rules import Rules
 from sglang_continuum.core.tool_stats import ToolStats
 
@@ -95,11 +96,9 @@ class LikelyBackWorkingSet(WorkingSet):
                 self.let_go(state)
 
 
-class LikelyBackDoor(Door):
-    def __init__(self, enabled: bool, stats: Optional[ToolStats] = None, rebuild_s=None) -> None:
-        super().__init__(enabled, stats, rebuild_s)
-        self.stats = stats
-        self.working_set = LikelyBackWorkingSet()
+class LikelyBackResidency(Residency):
+    def __init__(self, enabled: bool, stats: Optional[ToolStats] = None, rebuild_s=None, **bounds) -> None:
+        super().__init__(enabled, stats, rebuild_s, working_set=LikelyBackWorkingSet(), **bounds)
 
     def use_host_tier(self) -> None:
         super().use_host_tier()
@@ -107,4 +106,4 @@ class LikelyBackDoor(Door):
             self.working_set.likely_back = LikelyBack(self.stats, HOST_TIER_WORKING_SET_WINDOW_S)
 
 
-PER_TOOL_WINDOW = Rules("per-tool-window", door=LikelyBackDoor)
+PER_TOOL_WINDOW = Rules("per-tool-window", residency=LikelyBackResidency)

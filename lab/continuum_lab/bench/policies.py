@@ -28,7 +28,9 @@ residency: no resident pins while it binds, no paused returns; ``-no-pausing`` a
 ``-no-resident-pins`` drop one of the two; ``-no-decode-share`` prices a batch place as if the
 engine only decoded; ``-no-release-loss`` prices every context let go as lost),
 ``continuum-pause-binds`` (a held paused return binds the door too, once no first turn has been
-held for a minute), and ``continuum-paper`` (the paper's policy: neither bound nor admission
+held for a minute), ``continuum-no-hold-bound`` (a held turn waits until the working set leaves it
+room: ``max_hold_s`` 0) and ``continuum-hold-30s`` / ``-60s`` / ``-120s`` / ``-300s`` / ``-480s``
+(bounds other than the default 240 s), and ``continuum-paper`` (the paper's policy: neither bound nor admission
 control). Any policy with ``+hicache`` adds SGLang's host tier
 (``--enable-hierarchical-cache``, SGLang's default ``write_through``: the host mirrors the device)
 and is compared with ``fcfs+hicache``; ``+hicache-write-back`` the same with
@@ -102,6 +104,8 @@ _POLICIES = (
     Policy("continuum-no-pausing", CONTINUUM, rules="NO_PAUSING"),
     Policy("continuum-no-resident-pins", CONTINUUM, rules="NO_RESIDENT_PINS"),
     Policy("continuum-pause-binds", CONTINUUM, rules="PAUSE_BINDS"),
+    Policy("continuum-no-hold-bound", CONTINUUM, {"max_hold_s": 0}),
+    *(Policy(f"continuum-hold-{s}s", CONTINUUM, {"max_hold_s": s}) for s in (30, 60, 120, 300, 480)),
     Policy("continuum-paper", CONTINUUM, {"max_overtakes": 0, "admission_control": False}),
 )
 POLICIES: dict[str, Policy] = {p.name: p for p in _POLICIES}

@@ -17,11 +17,22 @@ attributions can be scored (``bench/attribution.py``). With ``api="sglang"`` (na
 real output ids continue the context, as in a real agent; with ``api="openai"``
 (``/v1/completions`` with token-id prompts) the output ids are not returned, so fixed
 placeholder ids of the same length continue it instead.
+
+A client gives up on a try that has no first token ``client_timeout_s`` after it was sent (0: it
+waits forever) and resends the turn, up to ``client_retries`` times, as the OpenAI Python SDK does
+against SGLang's ``/v1`` endpoints (600 s, 2 retries: ``OPENAI_CLIENT_TIMEOUT_S``,
+``OPENAI_CLIENT_RETRIES``; those endpoints answer once the first chunk is out). The try is
+cancelled, which closes its connection, and SGLang aborts a request whose client went away; a
+resend is a new request (with ``--identity none`` named by ``attribution.retry_rid``). A turn that times
+out on every try fails its program. A timed-out try gives its client nothing: a turn's record
+holds its last try's figures, but its TTFT and queue time count from its first try's send (what
+the user waited).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import random
 import time
@@ -31,7 +42,7 @@ from typing import Callable, Iterator, Optional
 import httpx
 import orjson
 
-from continuum_lab.bench.attribution import turn_rid
+from continuum_lab.bench.attribution import retry_rid, turn_rid
 from continuum_lab.workloads.schema import Program
 from sglang_continuum.client import continuum_custom_params, routing_headers
 
@@ -49,10 +60,39 @@ class TurnRecord:
     output_tokens: int = 0
     queue_time_s: Optional[float] = None
     error: Optional[str] = None
+    timeouts: int = 0  # tries with no first token within the client timeout
+    retries: int = 0  # tries resent after one timed out
 
     @property
     def ttft(self) -> Optional[float]:
+        """From the first try's send: a retried turn's user waited through its timed-out tries."""
         return None if self.first_token is None else self.first_token - self.send
+
+    @property
+    def timed_out(self) -> bool:
+        """Its last try timed out too: the client gave up on the turn (``error`` says so)."""
+        return self.timeouts > self.retries
+
+    def forget_try(self) -> None:
+        """A try timed out: what it measured is not the turn's (it gave its client nothing)."""
+        self.first_token = self.queue_time_s = None
+        self.output_tokens = self.cached_tokens = self.cached_host_tokens = 0
+
+
+OPENAI_CLIENT_TIMEOUT_S = 600.0  # the OpenAI Python SDK's request timeout ...
+OPENAI_CLIENT_RETRIES = 2  # ... and its retries: what an agent on it gets unless it says otherwise
+TIMEOUT_ERROR = "client timeout"
+
+
+def timeout_error(timeout_s: float, tries: int) -> str:
+    return f"{TIMEOUT_ERROR}: no first token within {timeout_s:g} s, {tries} tries"
+
+
+def client_patience(timeout_s: float, retries: int) -> str:
+    """What a report says its clients did."""
+    if not timeout_s:
+        return "clients wait for every turn, however long"
+    return f"a client gives up on a try after {timeout_s:g} s without a first token and resends the turn up to {retries} times"
 
 
 @dataclass
@@ -71,6 +111,11 @@ class ProgramRecord:
     def jct(self) -> Optional[float]:
         return None if not self.ok else self.end - self.start
 
+    @property
+    def timed_out(self) -> bool:
+        """It failed because a turn timed out on every try."""
+        return any(t.timed_out for t in self.turns)
+
 
 @dataclass
 class ReplayResult:
@@ -80,16 +125,21 @@ class ReplayResult:
     metrics_after: str = ""
     worker_metrics: list[tuple[str, str, str]] = field(default_factory=list)  # (url, before, after) each
     metrics_at: dict[str, str] = field(default_factory=dict)  # seconds into the run -> /metrics then
+    client_timeout_s: float = 0.0  # what its clients ran under (0: they waited forever, as before timeouts)
+    client_retries: int = 0
 
     def to_dict(self) -> dict:
         return {
             "wall_s": self.wall_s,
             "metrics_at": self.metrics_at,
+            "client_timeout_s": self.client_timeout_s,
+            "client_retries": self.client_retries,
             "programs": [
                 {
                     **{k: v for k, v in asdict(p).items() if k != "turns"},
                     "jct": p.jct,
                     "ok": p.ok,
+                    "timed_out": p.timed_out,
                     "turns": [{**asdict(t), "ttft": t.ttft} for t in p.turns],
                 }
                 for p in self.programs
@@ -107,7 +157,15 @@ class ReplayResult:
             )
             for p in data["programs"]
         ]
-        return cls(programs, data["wall_s"], metrics_before, metrics_after, metrics_at=data.get("metrics_at", {}))
+        return cls(
+            programs,
+            data["wall_s"],
+            metrics_before,
+            metrics_after,
+            metrics_at=data.get("metrics_at", {}),
+            client_timeout_s=data.get("client_timeout_s", 0.0),
+            client_retries=data.get("client_retries", 0),
+        )
 
 
 def arrival_times(n: int, jps: float, seed: int) -> list[float]:
@@ -139,6 +197,11 @@ def shared_prompt_key(program: Program, turn: int) -> Optional[str]:
 # carry: an agent that changes nothing behind a router), or nothing (the program is inferred)
 IDENTITIES = ("ids", "routing-key", "none")
 
+# the running try's first-token deadline (``Replayer._try``), lifted by ``_send`` at the first token
+_FIRST_TOKEN_DEADLINE: contextvars.ContextVar[Optional[asyncio.Timeout]] = contextvars.ContextVar(
+    "first_token_deadline", default=None
+)
+
 
 class Replayer:
     def __init__(
@@ -156,6 +219,9 @@ class Replayer:
         metrics_urls: Optional[list[str]] = None,
         scrape_at: tuple[float, ...] = (60.0,),
         temperature: float = 0.0,
+        client_timeout_s: float = 0.0,
+        client_retries: int = 0,
+        transport: Optional[httpx.AsyncBaseTransport] = None,
     ) -> None:
         if api not in ("sglang", "openai"):
             raise ValueError("api must be 'sglang' or 'openai'")
@@ -174,6 +240,11 @@ class Replayer:
         self.metrics_urls = metrics_urls  # the workers behind a router (default: ``url`` itself)
         self.scrape_at = tuple(sorted(scrape_at))  # also scrape /metrics this many seconds in
         self.temperature = temperature  # > 0: samples of one prompt diverge (a rollout), lengths still forced
+        if client_timeout_s < 0 or client_retries < 0:
+            raise ValueError("the client timeout and retries must not be negative")
+        self.client_timeout_s = client_timeout_s  # for a try's first token; 0: wait forever
+        self.client_retries = client_retries
+        self.transport = transport  # an in-process server instead of the network
         self.t0 = 0.0
 
     def _now(self) -> float:
@@ -232,6 +303,8 @@ class Replayer:
                     break
                 if rec.first_token is None:
                     rec.first_token = self._now()
+                    if (deadline := _FIRST_TOKEN_DEADLINE.get()) is not None:
+                        deadline.reschedule(None)  # the stream may now take as long as it takes
                 chunk = orjson.loads(payload)
                 if self.api == "sglang":
                     meta = chunk.get("meta_info", {})
@@ -254,6 +327,44 @@ class Replayer:
                         rec.cached_tokens = details.get("cached_tokens") or 0
         return output_ids
 
+    async def _turn(
+        self, client: httpx.AsyncClient, rec: TurnRecord, path: str, body: dict, headers: dict
+    ) -> list[int]:
+        """The turn's output ids; ``rec.error`` says why when it failed. A try with no first token
+        within the client timeout is cancelled and the turn sent again, up to the retries."""
+        for retry in range(self.client_retries + 1):
+            sent = rec.send if retry == 0 else self._now()
+            if retry:
+                rec.retries += 1
+                if "rid" in body:  # a resend is a new request: SGLang refuses a rid it still holds
+                    body = {**body, "rid": retry_rid(rec.program_id, rec.turn, retry)}
+            try:
+                out = await self._try(client, rec, path, body, headers)
+            except TimeoutError:
+                rec.timeouts += 1
+                rec.forget_try()
+                continue
+            except (httpx.HTTPError, ValueError) as exc:
+                rec.error = f"{type(exc).__name__}: {exc}"[:300]
+                return []
+            if rec.queue_time_s is not None:  # the server's counts from this try's arrival
+                rec.queue_time_s += sent - rec.send
+            return out
+        rec.error = timeout_error(self.client_timeout_s, self.client_retries + 1)
+        return []
+
+    async def _try(self, client: httpx.AsyncClient, rec: TurnRecord, path: str, body: dict, headers: dict) -> list[int]:
+        """One try; ``TimeoutError`` when no first token came within the client timeout. Leaving the
+        stream then closes its connection, and SGLang aborts a request whose client went away."""
+        if not self.client_timeout_s:
+            return await self._send(client, rec, path, body, headers)
+        async with asyncio.timeout(self.client_timeout_s) as deadline:
+            token = _FIRST_TOKEN_DEADLINE.set(deadline)
+            try:
+                return await self._send(client, rec, path, body, headers)
+            finally:
+                _FIRST_TOKEN_DEADLINE.reset(token)
+
     async def _program(self, client: httpx.AsyncClient, program: Program, rec: ProgramRecord) -> None:
         await asyncio.sleep(max(0.0, rec.planned_arrival - self._now()))
         rng = _program_rng(self.seed, program.program_id)
@@ -266,11 +377,7 @@ class Replayer:
             if i == 0:
                 rec.start = t.send  # JCT: first request sent to last response
             rec.turns.append(t)
-            path, body, headers = self._body(program, i, context)
-            try:
-                out = await self._send(client, t, path, body, headers)
-            except (httpx.HTTPError, ValueError) as exc:
-                t.error = f"{type(exc).__name__}: {exc}"[:300]
+            out = await self._turn(client, t, *self._body(program, i, context))
             t.finish = self._now()
             if self.on_turn is not None:
                 self.on_turn(t)
@@ -336,7 +443,8 @@ class Replayer:
         """``drive(client)`` against the server, with ``/metrics`` scraped before, at the marks
         and once the plugin's counters have settled after it."""
         limits = httpx.Limits(max_connections=connections + 4, max_keepalive_connections=connections + 4)
-        async with httpx.AsyncClient(timeout=self.timeout_s, limits=limits) as client:
+        timeout = max(self.timeout_s, self.client_timeout_s)  # httpx's own read timeout must not come first
+        async with httpx.AsyncClient(timeout=timeout, limits=limits, transport=self.transport) as client:
             urls = self.metrics_urls or [self.url]
             before = [await _metrics(client, u) for u in urls]
             self.t0 = time.perf_counter()
@@ -347,7 +455,8 @@ class Replayer:
             scraper.cancel()  # marks past the end of the run are not scraped
             after = await _rested_metrics(client, urls)
         per_worker = list(zip(urls, before, after)) if self.metrics_urls else []
-        return ReplayResult(records, wall, "\n".join(before), "\n".join(after), per_worker, marks)
+        return ReplayResult(records, wall, "\n".join(before), "\n".join(after), per_worker, marks,
+                            self.client_timeout_s, self.client_retries)  # fmt: skip
 
     async def _scrape_marks(self, client: httpx.AsyncClient, urls: list[str], marks: dict[str, str]) -> None:
         for at in self.scrape_at:

@@ -71,6 +71,10 @@ def _wait(turn) -> float:
 
 
 def summarize(result: ReplayResult) -> dict:
+    """A run's figures. Only turns that reached their client count: a timed-out try's tokens do
+    not (``bench/replay.py``), and a retried turn's wait and TTFT count from its first try's send.
+    ``failed_programs``: those a failed turn stopped (every try timed out, or the server refused
+    it); ``timed_out_programs``: of them, those a turn's timeouts stopped."""
     progs = result.programs
     jcts = np.array([p.jct for p in progs if p.ok], dtype=float)
     turns = [t for p in progs for t in p.turns]
@@ -91,6 +95,9 @@ def summarize(result: ReplayResult) -> dict:
         "programs": len(progs),
         "failed_programs": sum(not p.ok for p in progs),
         "failed_requests": sum(t.error is not None for t in turns),
+        "timeouts": sum(t.timeouts for t in turns),  # tries with no first token within the client timeout
+        "retries": sum(t.retries for t in turns),
+        "timed_out_programs": sum(p.timed_out for p in progs),
         "errors": sorted({t.error for t in turns if t.error})[:5],
         "jct_mean_s": float(jcts.mean()) if jcts.size else float("nan"),
         "jct_median_s": pct(50),
@@ -158,7 +165,10 @@ COLUMNS = [
     ("host_loaded_tokens", "host-loaded tokens", "{:.0f}"),
     ("server_forward_s", "forward s", "{:.1f}"),
     ("server_loop_s", "rest of loop s", "{:.1f}"),
+    ("timeouts", "timeouts", "{}"),
+    ("retries", "retries", "{}"),
     ("failed_requests", "failed", "{}"),
+    ("failed_programs", "failed programs", "{}"),
 ]
 
 

@@ -5,7 +5,9 @@ A step releases all its programs at once (t = 0) and ends when the last one does
 completion time (JCT: step start to its last response; every program starts at 0) as mean, p50
 and p90, output tokens per second of makespan and the cached share of prompt tokens. A program
 the time limit cut off counts with the time it had run (a lower bound), and the makespan is then
-the limit, flagged. A failed program (a turn the server refused) counts until it failed.
+the limit, flagged. A failed program (a turn the server refused, or one that timed out on every
+try: ``failed_programs``) counts until it failed. ``timeouts`` and ``retries``: the tries whose
+client gave up on them and the resends; a timed-out try's tokens do not count.
 
 ``aggregate`` gives per policy the median over seeds (worst seed for the makespan) and the
 makespan against the best stock policy on the same seed: the stock policy with the lowest median
@@ -58,6 +60,9 @@ def step_figures(result: ReplayResult) -> dict:
         "programs": len(result.programs),
         "finished": finished,
         "failed": failed,
+        "failed_programs": sum(p.timed_out for p in result.programs),
+        "timeouts": sum(t.timeouts for p in result.programs for t in p.turns),
+        "retries": sum(t.retries for p in result.programs for t in p.turns),
         "unfinished": unfinished,
         "time_limit_hit": unfinished > 0,
         "makespan_s": makespan,
@@ -116,6 +121,8 @@ def aggregate(runs: list[dict]) -> list[dict]:
         row["makespan_worst_s"] = max(r["figures"]["makespan_s"] for r in group)
         row["time_limit_hit"] = sum(r["figures"]["time_limit_hit"] for r in group)
         row["failed"] = sum(r["figures"]["failed"] for r in group)
+        for key in ("failed_programs", "timeouts", "retries"):  # absent from runs before clients gave up
+            row[key] = sum(r["figures"].get(key, 0) for r in group)
         row["finished"] = sum(r["figures"]["finished"] for r in group)
         row["programs"] = sum(r["figures"]["programs"] for r in group)
         best = None if is_stock(policy) else best_stock(runs, policy)
@@ -132,19 +139,22 @@ def _cell(value: Optional[float], fmt: str) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    head = ["policy", "makespan s (worst seed)", *(c[1] for c in COLUMNS[1:]), "finished", "vs best stock"]
+    head = ["policy", "makespan s (worst seed)", *(c[1] for c in COLUMNS[1:]), "finished", "timeouts / retries",
+            "vs best stock"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         vs = "-"
         if row["vs_best_stock_median"] is not None:
             vs = f"{row['vs_best_stock_median']:.2f}x ({row['vs_best_stock_worst']:.2f}x) vs {row['best_stock']}"
         limit = f", limit hit in {row['time_limit_hit']} run(s)" if row["time_limit_hit"] else ""
-        failed = f", {row['failed']} failed" if row["failed"] else ""
+        timed_out = f" ({row['failed_programs']} timed out)" if row["failed_programs"] else ""
+        failed = f", {row['failed']} failed{timed_out}" if row["failed"] else ""
         cells = [
             row["policy"],
             f"{row['makespan_s']:.1f} ({row['makespan_worst_s']:.1f})",
             *(_cell(row[k], f) for k, _, f in COLUMNS[1:]),
             f"{row['finished']}/{row['programs']}{failed}{limit}",
+            f"{row['timeouts']} / {row['retries']}",
             vs,
         ]
         lines.append("| " + " | ".join(cells) + " |")
@@ -153,11 +163,14 @@ def markdown(rows: list[dict]) -> str:
 
 def runs_markdown(runs: list[dict]) -> str:
     """Every run's figures."""
-    head = ["policy", "seed", *(c[1] for c in COLUMNS), "finished", "failed", "time limit hit"]
+    head = ["policy", "seed", *(c[1] for c in COLUMNS), "finished", "failed", "of them timed out", "timeouts",
+            "retries", "time limit hit"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in runs:
         f = r["figures"]
         cells = [r["policy"], str(r["seed"]), *(_cell(f[k], fmt) for k, _, fmt in COLUMNS)]
-        cells += [f"{f['finished']}/{f['programs']}", str(f["failed"]), "yes" if f["time_limit_hit"] else "no"]
+        cells += [f"{f['finished']}/{f['programs']}", str(f["failed"])]
+        cells += [str(f.get(key, "-")) for key in ("failed_programs", "timeouts", "retries")]
+        cells.append("yes" if f["time_limit_hit"] else "no")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -89,6 +89,9 @@ def aggregate(runs: list[dict], baseline: str = "fcfs") -> list[dict]:
                 "ratio_vs_fcfs_per_run": ratios,
                 "ratio_vs_fcfs_median": _median(ratios),
                 "collapsed_runs": sum(c for _, c in group),
+                # what the clients gave up on, over every run (absent from runs before they did)
+                "timeouts": sum(s.get("timeouts", 0) for s in summaries),
+                "failed_programs": sum(s.get("failed_programs", 0) for s in summaries),
             }
         )
     for row in rows:
@@ -129,6 +132,7 @@ def seeds_table(rows: list[dict]) -> str:
         "worst P99 request s",
         "median cache hit",
         "collapsed",
+        "timeouts / failed programs",
     ]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -148,6 +152,7 @@ def seeds_table(rows: list[dict]) -> str:
             f"{r['p99_request_latency_worst_s']:.2f}",
             f"{r['cache_hit_median']:.1%}",
             str(r["collapsed_runs"]),
+            f"{r['timeouts']} / {r['failed_programs']}",
         ]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)

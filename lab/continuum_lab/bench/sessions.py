@@ -19,6 +19,11 @@ up there, which is where a KV policy can win or lose.
   Time averages over the window say where the throughput goes: sessions admitted (first token of
   their first turn to their end), turns in the running batch (first token to finish) and their
   prompts, and returning turns waiting (sent, no first token yet).
+  Clients that give up (``SessionsProtocol.client_timeout_s``): of the turns sent in the window,
+  the tries that timed out, the resends, and the programs that failed because a turn timed out on
+  every try (the next session took their place). A timed-out try gives its client nothing, so only
+  a turn's answered try counts towards throughput; a turn's TTFT and wait count from its first
+  try's send, and a turn the client gave up on waited until then.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
-from continuum_lab.bench.replay import ReplayResult
+from continuum_lab.bench.replay import ProgramRecord, ReplayResult, TurnRecord
 from continuum_lab.workloads.schema import Program
 
 
@@ -40,6 +45,10 @@ class SessionsProtocol:
     warmup_s: float = 600.0
     max_gap_s: Optional[float] = None  # tool/think time cap; None: raw gaps
     ramp_s: float = 60.0  # the first N sessions start evenly over this long
+    # how long a client waits for a try's first token (0: forever) and how often it resends the turn
+    # (``bench/replay.py``); absent from runs before clients gave up, which waited forever
+    client_timeout_s: float = 0.0
+    client_retries: int = 0
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -48,6 +57,8 @@ class SessionsProtocol:
             raise ValueError("sessions: the window must be positive, the warm-up and ramp not negative")
         if self.max_gap_s is not None and self.max_gap_s < 0:
             raise ValueError("sessions: --max-gap-s must not be negative")
+        if self.client_timeout_s < 0 or self.client_retries < 0:
+            raise ValueError("sessions: --client-timeout-s and --client-retries must not be negative")
 
     @property
     def end_s(self) -> float:
@@ -123,6 +134,20 @@ def pin_ends(records: Sequence[dict]) -> Optional[list[tuple[str, int, str]]]:
     )
 
 
+def _ended(program: ProgramRecord, hi: float) -> float:
+    """When a program left: its end, the failure of its turn that failed, else still there at ``hi``."""
+    if program.end is not None:
+        return program.end
+    return next((t.finish for t in program.turns if t.error is not None and t.finish is not None), hi)
+
+
+def _answered_or_failed(turn: TurnRecord, hi: float) -> float:
+    """When a turn's wait ended: its first token, its failure, else not by ``hi``."""
+    if turn.first_token is not None:
+        return turn.first_token
+    return turn.finish if turn.error is not None and turn.finish is not None else hi
+
+
 def window_figures(
     result: ReplayResult,
     protocol: SessionsProtocol,
@@ -146,7 +171,7 @@ def window_figures(
     admitted_spans, running, returns_waiting = [], [], []  # (start, end, weight) for the time averages
     contexts = []  # (start, end, tokens): an admitted session's context, from its turn's admission on
     for program in result.programs:
-        ended = hi if program.end is None else program.end
+        ended = _ended(program, hi)
         if program.turns and program.turns[0].first_token is not None:
             admitted_spans.append((program.turns[0].first_token, ended, 1))
         previous = None
@@ -164,6 +189,8 @@ def window_figures(
             if lo <= t.send < hi:
                 sent.append(t)
             admitted = None if t.queue_time_s is None else t.send + t.queue_time_s
+            if admitted is None and t.error is not None:
+                admitted = t.finish  # it waited until it failed (its client gave up)
             if t.send < hi and (admitted is None or admitted >= lo):
                 waits.append(((hi if admitted is None else min(admitted, hi)) - t.send, t.turn, program.program_id))
             if t.error is None and t.finish is not None and lo <= t.finish < hi:
@@ -177,8 +204,9 @@ def window_figures(
                     tally[1] += 2 * lost > context  # most of it gone: a context lost
                     tally[2] += lost
             previous = t
-    # a turn without its first token (admission) by the window's end waited at least until then
-    ttft = [min(t.first_token, hi) - t.send if t.first_token is not None else hi - t.send for t in sent]
+    # a turn without its first token (admission) by the window's end waited at least until then,
+    # one that failed first (its client gave up) until it failed
+    ttft = [min(_answered_or_failed(t, hi), hi) - t.send for t in sent]
     prompt = sum(t.prompt_tokens for t in finished)
     cached = sum(t.cached_tokens for t in finished)
     host = sum(t.cached_host_tokens for t in finished)
@@ -193,6 +221,9 @@ def window_figures(
         "turns_sent": len(sent),
         "turns_failed": sum(1 for p in result.programs for t in p.turns if t.error is not None and lo <= t.send < hi),
         "output_tokens_per_s": sum(t.output_tokens for t in finished) / protocol.window_s,
+        "timeouts": sum(t.timeouts for t in sent),
+        "retries": sum(t.retries for t in sent),
+        "failed_programs": sum(t.timed_out for t in sent),
         "turns_per_session_hour": len(finished) / (protocol.concurrency * hours),
         "ttft_p50_s": _pct(ttft, 50),
         "ttft_p90_s": _pct(ttft, 90),
@@ -213,7 +244,9 @@ def window_figures(
         "longest_later_turn_wait_s": max((w for w, turn, _ in waits if turn > 0), default=None),
         "longest_program_wait_s": max(program_waits.values(), default=None),
         "program_wait_p90_s": _pct(list(program_waits.values()), 90),
-        "first_turns_waiting_at_end": sum(1 for p in result.programs if p.turns and p.turns[0].queue_time_s is None),
+        "first_turns_waiting_at_end": sum(
+            1 for p in result.programs if p.turns and p.turns[0].queue_time_s is None and p.turns[0].error is None
+        ),
         "sessions_admitted_mean": _time_mean(admitted_spans, lo, hi),
         "turns_running_mean": turns_running,
         "running_turn_prompt_tokens": _time_mean(running, lo, hi) / turns_running if turns_running else None,

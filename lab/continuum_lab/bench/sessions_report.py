@@ -1,6 +1,8 @@
 """The fixed-concurrency grid's report: per session count N, every policy's window figures over
 seeds (median, and the worst seed where it matters), its throughput against the best stock policy
-on the same seed, and HiCache's own gain over fcfs apart from the plugin's.
+on the same seed, and HiCache's own gain over fcfs apart from the plugin's. Beside the throughput,
+what the clients gave up on, summed over seeds (``COUNTS``): tries timed out, resends, programs
+failed by a turn that timed out on every try.
 
 Pure functions over run records ``{"policy", "sessions", "seed", "figures": {...}}``; ``plots``
 draws throughput and TTFT p90 against N.
@@ -46,6 +48,12 @@ COLUMNS = (
     ("admitted_context_tokens_mean", "their contexts ktok", "{:.0f}"),
     ("admitted_context_tokens_peak", "at the peak ktok", "{:.0f}"),
 )
+# (figure, column title): what the clients gave up on (``sessions.window_figures``), summed over seeds
+COUNTS = (
+    ("timeouts", "timeouts"),
+    ("retries", "retries"),
+    ("failed_programs", "failed programs"),
+)
 # figures reported in millions or thousands of tokens
 UNITS = {
     "reprefilled_tokens": 1e6,
@@ -70,6 +78,12 @@ def _figure(run: dict, key: str) -> Optional[float]:
 def _median(values: list) -> Optional[float]:
     values = [v for v in values if v is not None]
     return float(np.median(values)) if values else None
+
+
+def _sum(values: list) -> Optional[float]:
+    """None where no run counted it (runs from before clients gave up)."""
+    values = [v for v in values if v is not None]
+    return float(sum(values)) if values else None
 
 
 def best_stock(runs: list[dict], policy: str, n: int) -> Optional[str]:
@@ -106,6 +120,8 @@ def aggregate(runs: list[dict]) -> list[dict]:
         row["seeds"] = [r["seed"] for r in group]
         for key, _, _ in COLUMNS:
             row[key] = _median([_figure(r, key) for r in group])
+        for key, _ in COUNTS:
+            row[key] = _sum([_figure(r, key) for r in group])
         row["ttft_p90_worst_s"] = max((_figure(r, "ttft_p90_s") or 0.0) for r in group)
         row["longest_wait_worst_s"] = max((_figure(r, "longest_wait_s") or 0.0) for r in group)
         row["longest_program_wait_worst_s"] = max((_figure(r, "longest_program_wait_s") or 0.0) for r in group)
@@ -126,7 +142,8 @@ def _cell(value: Optional[float], fmt: str) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    head = ["N", "policy", *(c[1] for c in COLUMNS), "vs best stock (worst seed)"]
+    throughput, rest = COLUMNS[0], COLUMNS[1:]
+    head = ["N", "policy", throughput[1], *(c[1] for c in COUNTS), *(c[1] for c in rest), "vs best stock (worst seed)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         if row.get("vs_best_stock_median") is not None:
@@ -135,7 +152,14 @@ def markdown(rows: list[dict]) -> str:
             vs = f"host tier alone: {row['vs_fcfs_no_host_median']:.2f}x fcfs"
         else:
             vs = "-"
-        cells = [str(row["sessions"]), row["policy"], *(_cell(row[k], f) for k, _, f in COLUMNS), vs]
+        cells = [
+            str(row["sessions"]),
+            row["policy"],
+            _cell(row[throughput[0]], throughput[2]),
+            *(_cell(row.get(k), "{:.0f}") for k, _ in COUNTS),
+            *(_cell(row[k], f) for k, _, f in rest),
+            vs,
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

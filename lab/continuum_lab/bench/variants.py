@@ -12,9 +12,10 @@ from __future__ import annotations
 from functools import partial
 
 from continuum_lab.bench.ttl_baselines import BernsteinTTL, FixedTTL, ReferenceTTL
-from sglang_continuum.core.door import BINDING_S, Door
+from sglang_continuum.core.door import Door
 from sglang_continuum.core.engine_time import EngineTime
 from sglang_continuum.core.priority import RETRACTED, WAITING, QueueKey, Waiting
+from sglang_continuum.core.residency import BINDING_S, Residency
 from sglang_continuum.core.rules import Rules, Timings
 
 
@@ -35,7 +36,7 @@ def timed(**timings: float) -> Rules:
     return Rules("continuum-timed", timings=Timings(**timings))
 
 
-class DoorWithoutResidency(Door):
+class WithoutResidency(Residency):
     """The door as it was before residency: the TTL model alone prices pins while it binds, a
     return whose context is gone is re-prefilled at once (never paused), and room for growth is
     always reserved."""
@@ -50,14 +51,14 @@ class DoorWithoutResidency(Door):
         self.working_set.reserve_growth = True
 
 
-class DoorWithoutPausing(Door):
+class WithoutPausing(Residency):
     """Residency's pins without its pauses: a return whose context is gone is re-prefilled at once."""
 
     def pauses(self, tag, state) -> bool:
         return False
 
 
-class DoorWithoutResidentPins(Door):
+class WithoutResidentPins(Residency):
     """Residency's pauses without its pins: the TTL model alone prices pins while the door binds."""
 
     def resident_ttl(self, tool: str, now: float, context_tokens: int) -> float:
@@ -85,11 +86,11 @@ class DoorWithPauseBinding(Door):
             if state.turns_admitted == 0:
                 self.first_held_at = now
             elif now - self.first_held_at >= self.after_s:
-                self.binding_until = now + BINDING_S
+                self.residency.binding_until = now + BINDING_S
         return held
 
 
-class DoorWithoutReleaseLoss(Door):
+class WithoutReleaseLoss(Residency):
     """Residency priced as if every context let go were lost: the price before it read what the
     programs let go at their turn's end found gone when they came back."""
 
@@ -103,7 +104,7 @@ class _EveryPlaceDecodes(EngineTime):
         return 1.0
 
 
-class DoorWithoutDecodeShare(Door):
+class WithoutDecodeShare(Residency):
     """Residency priced as if the engine only decoded: a batch place costs its whole share of the
     engine's time, whatever the engine spends prefilling."""
 
@@ -113,11 +114,11 @@ class DoorWithoutDecodeShare(Door):
 
 
 PINS_ONLY = Rules("pins-only", order=request_fcfs)
-NO_RESIDENCY = Rules("no-residency", door=DoorWithoutResidency)
-NO_PAUSING = Rules("no-pausing", door=DoorWithoutPausing)
-NO_RESIDENT_PINS = Rules("no-resident-pins", door=DoorWithoutResidentPins)
-NO_DECODE_SHARE = Rules("no-decode-share", door=DoorWithoutDecodeShare)
-NO_RELEASE_LOSS = Rules("no-release-loss", door=DoorWithoutReleaseLoss)
+NO_RESIDENCY = Rules("no-residency", residency=WithoutResidency)
+NO_PAUSING = Rules("no-pausing", residency=WithoutPausing)
+NO_RESIDENT_PINS = Rules("no-resident-pins", residency=WithoutResidentPins)
+NO_DECODE_SHARE = Rules("no-decode-share", residency=WithoutDecodeShare)
+NO_RELEASE_LOSS = Rules("no-release-loss", residency=WithoutReleaseLoss)
 PAUSE_BINDS = Rules("pause-binds", door=DoorWithPauseBinding)
 FIXED_2S = fixed_ttl(2.0)
 REFERENCE = Rules("reference", ttl_model=ReferenceTTL)  # the public vLLM reference's 2 s rule

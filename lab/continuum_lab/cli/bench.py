@@ -33,6 +33,12 @@ figures per window (throughput, TTFT, cache by tier), not per program; on real s
 samples (a prompt's samples share it token for token, then diverge) released at once, the step
 over when the last program ends (or at ``--rollout-limit-s``); makespan and JCT per policy.
 
+``--client-timeout-s 600 --client-retries 2`` (the OpenAI Python SDK's, the default): a client
+gives up on a try with no first token that long after its send, the server aborts it, and the turn
+is sent again up to that many times; a turn that times out on every try fails its program
+(``bench/replay.py``; emulated: in virtual time). ``--client-timeout-s 0`` waits forever. Reports
+count the timeouts, retries and failed programs per policy, and only answered tries' tokens.
+
 ``--emulate PROFILE`` runs the same grid without a server: SGLang's real scheduler, radix cache
 and this plugin in virtual time, the forward replaced by the profile's step latencies
 (``lab/continuum_lab/emulator``). Each run is a fresh process (``--jobs`` at once); the KV pool is
@@ -63,7 +69,14 @@ from continuum_lab.bench.policies import (
     pressure_pool_tokens,
     tlru_config,
 )
-from continuum_lab.bench.replay import IDENTITIES, Replayer, ReplayResult
+from continuum_lab.bench.replay import (
+    IDENTITIES,
+    OPENAI_CLIENT_RETRIES,
+    OPENAI_CLIENT_TIMEOUT_S,
+    Replayer,
+    ReplayResult,
+    client_patience,
+)
 from continuum_lab.bench.report import emulated_loops, markdown_table, plots, summarize
 from continuum_lab.bench.seeds import aggregate, collapsed_flags, headline, run_order, seeds_table
 from continuum_lab.cli.bench_rollout import (
@@ -148,9 +161,21 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--window-s", type=float, default=3600.0, help="sessions: the measured window (virtual s)")
     ap.add_argument("--warmup-s", type=float, default=600.0, help="sessions: not measured, before the window")
     ap.add_argument("--max-gap-s", type=float, default=None, help="sessions: cap tool/think gaps (raw if unset)")
+    ap.add_argument(
+        "--client-timeout-s",
+        type=float,
+        default=OPENAI_CLIENT_TIMEOUT_S,
+        help="a client gives up on a try with no first token this long after its send (0: never; default: the "
+        "OpenAI SDK's %(default)g)",
+    )
+    ap.add_argument(
+        "--client-retries", type=int, default=OPENAI_CLIENT_RETRIES, help="...and resends a turn this often"
+    )
     add_rollout_arguments(ap)
     ap.add_argument("--out", type=Path, default=Path("out/bench"))
     args = ap.parse_args(argv)
+    if args.client_timeout_s < 0 or args.client_retries < 0:
+        ap.error("--client-timeout-s and --client-retries must not be negative")
     check_rollout_arguments(ap, args)
     if args.sessions and (args.url or args.workers > 1):
         ap.error("--sessions starts one server (or emulates one) per run: it excludes --url and --workers")
@@ -268,6 +293,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             seed=seed,
             close_sessions=policy.partition("+")[0] == "session",
             identity=args.identity,
+            client_timeout_s=args.client_timeout_s,
+            client_retries=args.client_retries,
         )
         attribution_log = _attribution_path(args, policy, label, seed, repeat)
         server_cores = None
@@ -375,6 +402,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         "server_env": extra_env,
         "policies": policies,
         "jps": jps_list or [r["jps"] for r in runs[:1]],
+        "client_timeout_s": args.client_timeout_s,
+        "client_retries": args.client_retries,
         **({"calibration": auto.calibration.to_dict()} if auto else {}),
         "elapsed_s": time.time() - started,
         "rows": rows,
@@ -393,7 +422,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         *([f"Load (`--jps auto`): {auto.calibration.headline()}", ""] if auto else []),
         f"{len(programs)} programs, {total_turns} turns, seeds {', '.join(map(str, seeds))}"
         f"{f' x {args.repeat} repeats' if args.repeat > 1 else ''}, policies interleaved. KV pool {pool} tokens "
-        f"({pool_regime(programs, pool)}). "
+        f"({pool_regime(programs, pool)}); {client_patience(args.client_timeout_s, args.client_retries)}. "
         + (
             f"**Emulated** (`--emulate {args.emulate}`): SGLang 0.5.23's scheduler on {emulated_loops(runs)}, "
             f"its radix cache and the plugin in virtual time, each forward timed by the profile {latency.name!r}; every time "
@@ -413,7 +442,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         "the stock SGLang policy other than fcfs with the lowest median (continuum policies only); max wait: the "
         "longest a single turn waited in the server queue (queue_time, else TTFT); program wait: the most one "
         "program waited, its turns' waits summed; P99 request: per-run P99 turn "
-        "latency; collapsed: runs whose cache-hit ratio fell below half the policy's median (the re-prefill spiral).",
+        "latency; collapsed: runs whose cache-hit ratio fell below half the policy's median (the re-prefill spiral); "
+        "timeouts / failed programs: over every run (a failed program has no JCT: the JCTs are the survivors').",
         "",
         "## Every run",
         "",
@@ -422,7 +452,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         "JCT: first request sent to last response, per program. turn queue: mean time a turn waited in "
         "the server queue (SGLang's queue_time). cache hit: cached / prompt tokens. forward s / rest of loop s: "
         "the scheduler's wall time in forwards (SGLang's run_batch stage; emulated: the profile's seconds) and in "
-        "the rest of its busy loop (emulated: not charged); '-': not measured.",
+        "the rest of its busy loop (emulated: not charged); timeouts: tries with no first token within the client "
+        "timeout (aborted, resent up to the retries; their tokens not counted); failed: turns that failed (every "
+        "try timed out, or the server refused it); failed programs: the programs such a turn stopped; '-': not "
+        "measured.",
         "",
         *fleet_section(runs),
         *attribution_section(runs),
@@ -508,7 +541,7 @@ def _print_run(desc: str, summary: dict) -> None:
     print(
         f"  {desc}: mean JCT {summary['jct_mean_s']:.2f}s, P95 {summary['jct_p95_s']:.2f}s, "
         f"cache hit {summary['cache_hit_ratio']:.1%}, max wait {summary['max_request_wait_s']:.2f}s, "
-        f"failed requests {summary['failed_requests']}"
+        f"failed requests {summary['failed_requests']}, timeouts {summary.get('timeouts', 0)}"
         + (f", program affinity {summary['program_affinity']:.1%}" if "program_affinity" in summary else "")
         + (
             f", first 60 s: {summary['pins_created_60s']:.0f} pins, {summary['pin_hits_60s']:.0f} hits"

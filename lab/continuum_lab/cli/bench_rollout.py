@@ -20,7 +20,7 @@ from typing import Iterator
 
 from continuum_lab.bench import rollout_report
 from continuum_lab.bench.policies import parse_policy, tlru_config
-from continuum_lab.bench.replay import Replayer, ReplayResult
+from continuum_lab.bench.replay import Replayer, ReplayResult, client_patience
 from continuum_lab.bench.report import emulated_loops
 from continuum_lab.bench.seeds import run_order
 from continuum_lab.cli.emulated_runs import emulator_figures
@@ -94,7 +94,8 @@ def server_runs(grid, args, steps: dict[int, list[Program]], server_args: list[s
     for repeat, seed, _, policy in grid:
         programs = steps[seed]
         replayer = Replayer(args.url or "", api=args.api, vocab=args.vocab, seed=seed, identity=args.identity,
-                            close_sessions=policy.partition("+")[0] == "session", temperature=ROLLOUT_TEMPERATURE)  # fmt: skip
+                            close_sessions=policy.partition("+")[0] == "session", temperature=ROLLOUT_TEMPERATURE,
+                            client_timeout_s=args.client_timeout_s, client_retries=args.client_retries)  # fmt: skip
         if args.url:
             result = _replay(replayer, programs, args.rollout_limit_s, client_cpus)
         else:
@@ -153,6 +154,7 @@ def run_rollout(args, policies, seeds, pool: int, server_args: list[str], env: d
         print(
             f"  {record['policy']} seed {record['seed']}: makespan {f['makespan_s']:.1f} s, mean JCT "
             f"{f['jct_mean_s']:.1f} s, {f['finished']}/{f['programs']} finished, cached {f['cache_hit'] or 0:.1%}"
+            + (f", {f['timeouts']} timeouts, {f['failed_programs']} programs failed by them" if f["timeouts"] else "")
             + (" (TIME LIMIT HIT)" if f["time_limit_hit"] else ""),
             flush=True,
         )
@@ -168,6 +170,8 @@ def run_rollout(args, policies, seeds, pool: int, server_args: list[str], env: d
             "token_scale": args.rollout_token_scale,
             "tool_scale": args.rollout_tool_scale,
             "limit_s": args.rollout_limit_s,
+            "client_timeout_s": args.client_timeout_s,
+            "client_retries": args.client_retries,
         },  # fmt: skip
         "steps": {str(seed): _step_summary(programs) for seed, programs in steps.items()},
         "workloads": {str(seed): str(path) for seed, path in workloads.items()},
@@ -216,7 +220,8 @@ def _markdown(args, report: dict, records: list[dict], rows: list[dict], latency
             f"tool scale {r['tool_scale']:g}; per program on average {mean('turns_mean'):.1f} turns, a final "
             f"context of {mean('tokens_mean'):.0f} tokens), the samples of a prompt sharing its first prompt "
             f"({mean('first_prompt_tokens_mean'):.0f} tokens on average) token for token. Every program is sent at t = 0 and runs its turns back to back, its tool times between; "
-            f"the step ends when the last program does (time limit {r['limit_s']:g} s, hit in {hits} run(s)). KV "
+            f"the step ends when the last program does (time limit {r['limit_s']:g} s, hit in {hits} run(s)); "
+            f"{client_patience(r['client_timeout_s'], r['client_retries'])}. KV "
             f"pool {report['kv_pool_tokens']} tokens, server args `{args.server_args or '-'}`.",
             "",
             f"Seeds {', '.join(map(str, report['seeds']))}, medians over seeds. Makespan: step start to the last "
@@ -224,7 +229,8 @@ def _markdown(args, report: dict, records: list[dict], rows: list[dict], latency
             "output tokens over the makespan; cached: cached / prompt tokens. vs best stock: the makespan of the "
             "stock policy with the lowest median makespan (same cache tiers) over the policy's, same seed (>1: "
             "the step ends sooner), worst seed in brackets. A program the time limit cut off counts with the time "
-            "it had run.",
+            "it had run. timeouts / retries: tries with no first token in time (aborted, their tokens not counted) "
+            "and the resends, summed over seeds; a program whose turn timed out on every try failed.",
             "",
             rollout_report.markdown(rows),
             "",

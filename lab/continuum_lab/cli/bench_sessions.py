@@ -11,7 +11,7 @@ from typing import Iterable, Iterator, Optional
 from continuum_lab.bench import sessions_report
 from continuum_lab.bench.events import read_admission_log
 from continuum_lab.bench.policies import parse_policy
-from continuum_lab.bench.replay import Replayer, ReplayResult
+from continuum_lab.bench.replay import Replayer, ReplayResult, client_patience
 from continuum_lab.bench.report import emulated_loops
 from continuum_lab.bench.sessions import SessionsProtocol, held_back_turns, pin_ends, session_programs, window_figures
 from continuum_lab.cli.emulated_runs import emulator_figures
@@ -21,7 +21,8 @@ LOADED = "sglang:load_back_tokens_total"  # SGLang's own count of tokens HiCache
 
 
 def protocol_of(args, n: int) -> SessionsProtocol:
-    return SessionsProtocol(n, args.window_s, args.warmup_s, args.max_gap_s)
+    return SessionsProtocol(n, args.window_s, args.warmup_s, args.max_gap_s, client_timeout_s=args.client_timeout_s,
+                            client_retries=args.client_retries)  # fmt: skip
 
 
 def _series(text: str, name: str) -> float:
@@ -38,7 +39,8 @@ def server_runs(grid, args, programs, server_args: list[str], env: dict, server_
         events = (args.out / f"events-{policy}-n{n:g}-s{seed}-r{repeat}.jsonl").resolve()
         events.unlink(missing_ok=True)
         replayer = Replayer("", api=args.api, vocab=args.vocab, seed=seed, identity=args.identity,
-                            scrape_at=(protocol.warmup_s,))  # fmt: skip
+                            scrape_at=(protocol.warmup_s,), client_timeout_s=protocol.client_timeout_s,
+                            client_retries=protocol.client_retries)  # fmt: skip
         server_env = {**policy_env, **env, "SGLANG_CONTINUUM_EVENT_LOG": str(events)}
         with SGLangServer(args.model, [*flags, *server_args], env=server_env, log_path=log,
                           cpu=not args.gpu, cpus=server_cpus) as server:  # fmt: skip
@@ -96,11 +98,13 @@ def run_grid(runs: Iterable[dict], args, programs, pool: int, profile: Optional[
         f = record["figures"]
         print(
             f"{run['policy']} N={n} seed {run['seed']}: {f['output_tokens_per_s']:.0f} tok/s, "
-            f"TTFT p90 {f['ttft_p90_s'] or 0:.2f} s, cached {f['cache_hit'] or 0:.1%}"
+            f"TTFT p90 {f['ttft_p90_s'] or 0:.2f} s, cached {f['cache_hit'] or 0:.1%}, "
+            f"{f.get('timeouts', 0)} timeouts, {f.get('failed_programs', 0)} programs failed"
         )
     rows = sessions_report.aggregate(records)
     protocol = records[0]["protocol"] if records else {}
     gaps = "raw gaps" if protocol.get("max_gap_s") is None else f"gaps capped at {protocol['max_gap_s']:g} s"
+    patience = client_patience(protocol.get("client_timeout_s", 0.0), protocol.get("client_retries", 0))
     report = {
         "command": command,
         "backend": "emulator" if profile else "server",
@@ -128,10 +132,12 @@ def run_grid(runs: Iterable[dict], args, programs, pool: int, profile: Optional[
         "",
         f"{backend}, KV pool {pool} tokens, server args "
         f"`{args.server_args or '-'}`): N sessions of the trace in flight, each replaced by the next when it "
-        f"ends; {gaps}; {protocol.get('warmup_s', 0):g} s of warm-up, then a {protocol.get('window_s', 0):g} s "
-        "window. Medians over seeds; a turn still waiting at the window's end counts with the time it had "
-        "waited. 'vs best stock': output throughput against the stock policy with the highest median on the "
-        "same cache tiers, same seed (worst seed in brackets).",
+        f"ends; {gaps}; {patience}; {protocol.get('warmup_s', 0):g} s of warm-up, then a "
+        f"{protocol.get('window_s', 0):g} s window. Medians over seeds; a turn still waiting at the window's end "
+        "counts with the time it had waited. Timeouts (tries with no first token in time), retries and failed "
+        "programs (a turn timed out on every try) are of the turns sent in the window, summed over seeds; only "
+        "answered tries count towards throughput. 'vs best stock': output throughput against the stock policy "
+        "with the highest median on the same cache tiers, same seed (worst seed in brackets).",
         "",
         sessions_report.markdown(rows),
         "",

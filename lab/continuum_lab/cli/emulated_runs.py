@@ -52,6 +52,7 @@ def emulated_runs(grid, args, pool: int, extra_env: dict, workloads: Optional[di
             "--jps", str(jps), "--seed", str(seed), "--max-total-tokens", str(pool),
             "--programs", str(args.programs), "--vocab", str(min(args.vocab, 1000)),
             "--server-args", args.server_args, "--out", str(out),
+            "--client-timeout-s", str(args.client_timeout_s), "--client-retries", str(args.client_retries),
             *(f"--env={k}={v}" for k, v in extra_env.items()),
         ]  # fmt: skip
         if args.sessions:

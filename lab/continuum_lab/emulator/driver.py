@@ -12,15 +12,24 @@ the same records.
 Records are the replay client's (``TurnRecord``/``ProgramRecord``/``ReplayResult``), so the bench's
 reports and plots read emulated runs unchanged. ``queue_time_s`` is the time from send to the
 step that first admitted the turn into a prefill batch.
+
+Clients give up as the replay client's do (``client_timeout_s``, ``client_retries``): a try's
+deadline for its first token is an event in the heap. Past it with no first token (or with one
+that came only after it), the client aborts the request in the scheduler, as a client that closes
+its connection makes SGLang do (``engine.abort``), and sends the turn again under a new rid
+(``attribution.retry_rid``), or, its retries spent, fails its program; in ``run_sessions`` the
+next session then takes its place.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from typing import Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
+from continuum_lab.bench.attribution import retry_rid
 from continuum_lab.bench.replay import (
     IDENTITIES,
     ProgramRecord,
@@ -29,6 +38,7 @@ from continuum_lab.bench.replay import (
     arrival_times,
     program_seed,
     shared_prompt_key,
+    timeout_error,
 )
 from continuum_lab.emulator import sglang_engine as engine
 from continuum_lab.emulator.step_model import StepLatencyModel
@@ -61,6 +71,18 @@ class _Program:
         self.next_turn = 0
 
 
+class _Try:
+    """A turn's request in the scheduler, and its client's deadline for the first token."""
+
+    __slots__ = ("program", "record", "req", "deadline")
+
+    def __init__(self, program: _Program, record: TurnRecord, req, deadline: float) -> None:
+        self.program = program
+        self.record = record
+        self.req = req
+        self.deadline = deadline  # inf: the client waits forever
+
+
 class ClosedLoopDriver:
     def __init__(
         self,
@@ -76,6 +98,8 @@ class ClosedLoopDriver:
         host: Optional[engine.HostTransfers] = None,
         marks: Sequence[float] = (),
         on_mark: Optional[Callable[[float], None]] = None,
+        client_timeout_s: float = 0.0,
+        client_retries: int = 0,
     ) -> None:
         if vocab > engine.ACCOUNTING_VOCAB:
             raise ValueError(f"vocab {vocab} exceeds the accounting model's {engine.ACCOUNTING_VOCAB}")
@@ -90,6 +114,10 @@ class ClosedLoopDriver:
         self.send_program_id = identity == "ids"
         self.close_sessions = close_sessions
         self.on_turn = on_turn
+        if client_timeout_s < 0 or client_retries < 0:
+            raise ValueError("the client timeout and retries must not be negative")
+        self.client_timeout_s = client_timeout_s  # for a try's first token; 0: wait forever
+        self.client_retries = client_retries
         self.busy_s = 0.0
         self.host = host  # HiCache's transfers (None without it)
         self.host_load_s = 0.0  # of busy_s: prefill steps waiting for KV loaded back from host
@@ -97,16 +125,17 @@ class ClosedLoopDriver:
         self._marks = sorted(marks)  # seconds after the start: ``on_mark`` at the first step past each
         self.on_mark = on_mark
         self.steps = {"prefill": 0, "decode": 0, "idle_ticks": 0}
-        self._events: list[tuple[float, int, int]] = []  # (send time, seq, program index)
+        # (time, seq, program index, None) a send; (time, seq, -1, rid) a try's first-token deadline
+        self._events: list[tuple[float, int, int, Optional[str]]] = []
         self._seq = 0
-        self._inflight: dict[str, tuple[_Program, TurnRecord, object]] = {}
+        self._inflight: dict[str, _Try] = {}
         self._states: list[_Program] = []
         self._sessions: Optional[Iterator[Program]] = None  # the next sessions (run_sessions)
         self.counters_at: dict[float, dict] = {}  # mark -> cumulative counters then
 
     # -- events ---------------------------------------------------------------------------
-    def _schedule(self, at: float, index: int) -> None:
-        heapq.heappush(self._events, (at, self._seq, index))
+    def _schedule(self, at: float, index: int, rid: Optional[str] = None) -> None:
+        heapq.heappush(self._events, (at, self._seq, index, rid))
         self._seq += 1
 
     def _send(self, program: _Program, at: float) -> None:
@@ -119,13 +148,19 @@ class ClosedLoopDriver:
         if i == 0:
             program.record.start = at
         program.record.turns.append(rec)
+        self._submit(program, rec, at)
+
+    def _submit(self, program: _Program, rec: TurnRecord, at: float) -> None:
+        """The turn's try number ``rec.retries``, sent at ``at``."""
+        spec, i = program.spec, rec.turn
+        turn = spec.turns[i]
         last = i == len(spec.turns) - 1
         custom = (
             continuum_custom_params(spec.program_id, last_step=last, tool_name=turn.tool, step=i + 1)
             if self.send_program_id
             else None
         )
-        rid = f"{spec.program_id}#{i}"
+        rid = retry_rid(spec.program_id, i, rec.retries)
         req = engine.submit(
             self.s,
             rid,
@@ -135,19 +170,53 @@ class ClosedLoopDriver:
             spec.program_id if self.send_program_id else None,
             spec.program_id if self.identity == "routing-key" else None,
         )
-        self._inflight[rid] = (program, rec, req)
+        deadline = at + self.client_timeout_s if self.client_timeout_s else math.inf
+        self._inflight[rid] = _Try(program, rec, req, deadline)
+        if self.client_timeout_s:
+            self._schedule(deadline, -1, rid)
+
+    def _awaits_first_token(self, rid: str) -> bool:
+        attempt = self._inflight.get(rid)
+        return attempt is not None and attempt.record.first_token is None
+
+    def _drop_stale_deadlines(self) -> None:
+        """Deadlines of tries that got their first token, or ended, are no events: the loop must
+        neither wait for them nor run past the last turn for them."""
+        while self._events and self._events[0][3] is not None and not self._awaits_first_token(self._events[0][3]):
+            heapq.heappop(self._events)
+
+    def _time_out(self, rid: str, at: float) -> None:
+        """The client gave up on try ``rid`` at ``at``: it aborts the request, then sends the turn
+        again, or (its retries spent) fails the program."""
+        attempt = self._inflight.pop(rid)
+        engine.abort(self.s, rid)
+        rec = attempt.record
+        rec.timeouts += 1
+        rec.forget_try()
+        if rec.retries < self.client_retries:
+            rec.retries += 1
+            self._submit(attempt.program, rec, at)
+            return
+        rec.finish = at
+        rec.error = timeout_error(self.client_timeout_s, rec.timeouts)
+        self._fail(attempt.program, rec, at)
+
+    def _fail(self, program: _Program, rec: TurnRecord, at: float) -> None:
+        """As the replay client: the turn failed, its program stops (not ok)."""
+        program.context = []
+        if self.on_turn is not None:
+            self.on_turn(rec)
+        if self._sessions is not None:
+            self._start(next(self._sessions), at)
 
     def _finished(self, rid: str, now: float) -> None:
-        program, rec, req = self._inflight.pop(rid)
+        attempt = self._inflight.pop(rid)
+        program, rec, req = attempt.program, attempt.record, attempt.req
         rec.finish = now
         error = engine.abort_message(req)
-        if error is not None:  # as the replay client: the turn failed, its program stops (not ok)
+        if error is not None:
             rec.error = f"aborted by the scheduler: {error}"[:300]
-            program.context = []
-            if self.on_turn is not None:
-                self.on_turn(rec)
-            if self._sessions is not None:
-                self._start(next(self._sessions), now)
+            self._fail(program, rec, now)
             return
         rec.output_tokens = len(req.output_ids)
         rec.cached_tokens = int(req.cached_tokens)
@@ -194,14 +263,15 @@ class ClosedLoopDriver:
             self._start(p, a)
         start = self.clock()
         self._loop(start, until=None if until is None else start + until)
+        self._drop_stale_deadlines()
         if self._inflight or self._events:
             if until is not None:
-                return ReplayResult([p.record for p in self._states], self.clock() - start)
+                return self._result(start)
             raise SchedulerWedged(f"{len(self._inflight)} requests never finished")
         # one idle iteration after the last turn, as a server has (metrics, self-check)
         assert loop.select_batch(self.s) is None, "an idle scheduler selected a batch"
         loop.end_iteration(self.s, None, None, idle=True)
-        return ReplayResult([p.record for p in self._states], self.clock() - start)
+        return self._result(start)
 
     def run_sessions(
         self, sessions: Iterator[Program], concurrency: int, start_times: Sequence[float], until: float
@@ -214,7 +284,12 @@ class ClosedLoopDriver:
             self._start(next(sessions), at)
         start = self.clock()
         self._loop(start, until=start + until)
-        return ReplayResult([p.record for p in self._states], self.clock() - start)
+        return self._result(start)
+
+    def _result(self, start: float) -> ReplayResult:
+        records = [p.record for p in self._states]
+        return ReplayResult(records, self.clock() - start, client_timeout_s=self.client_timeout_s,
+                            client_retries=self.client_retries)  # fmt: skip
 
     def _loop(self, start: float, until: Optional[float]) -> None:
         """SGLang's scheduler loop in virtual time. Without overlap (``event_loop_normal``) a
@@ -235,9 +310,14 @@ class ClosedLoopDriver:
                 self.counters_at[mark] = self.counters()
                 if self.on_mark is not None:
                     self.on_mark(mark)
+            self._drop_stale_deadlines()
             while self._events and self._events[0][0] <= now:
-                at, _, index = heapq.heappop(self._events)
-                self._send(self._states[index], at)
+                at, _, index, rid = heapq.heappop(self._events)
+                if rid is None:
+                    self._send(self._states[index], at)
+                elif self._awaits_first_token(rid):
+                    self._time_out(rid, at)
+            self._drop_stale_deadlines()
             batch = loop.select_batch(self.s)
             if batch is None and in_flight is None:
                 loop.end_iteration(self.s, None, None, idle=True)
@@ -296,9 +376,9 @@ class ClosedLoopDriver:
                 self.host_load_s += load_s
             self.steps["prefill"] += 1
             for req in batch.reqs:
-                entry = self._inflight.get(req.rid)
-                if entry is not None and entry[1].queue_time_s is None:
-                    entry[1].queue_time_s = now - entry[1].send
+                attempt = self._inflight.get(req.rid)
+                if attempt is not None and attempt.record.queue_time_s is None:
+                    attempt.record.queue_time_s = now - attempt.record.send  # from the first try's send
             self.prefill_s += dt
         else:
             dt = self.latency.decode_seconds(shape.batch_size, shape.context_tokens)
@@ -320,11 +400,13 @@ class ClosedLoopDriver:
         loop.process(self.s, launched.entry)
         done = self.clock()
         for req in launched.entry[0].reqs:
-            entry = self._inflight.get(req.rid)
-            if entry is None:
+            attempt = self._inflight.get(req.rid)
+            if attempt is None:  # finished, or its client gave up on it
                 continue
-            if entry[1].first_token is None and len(req.output_ids) > 0:
-                entry[1].first_token = done
+            if attempt.record.first_token is None and len(req.output_ids) > 0:
+                if done > attempt.deadline:  # after its client gave up: the deadline's event times the try out
+                    continue
+                attempt.record.first_token = done
             if req.finished():
                 self._finished(req.rid, done)
 

@@ -42,10 +42,14 @@ def emulate(
     marks: tuple[float, ...] = (60.0,),
     sessions=None,
     until_s: Optional[float] = None,
+    client_timeout_s: float = 0.0,
+    client_retries: int = 0,
 ) -> dict:
     """One run. ``sessions`` (a ``bench.sessions.SessionsProtocol``): N sessions in flight for a
     fixed window instead of Poisson arrivals at ``jps``; the run's JSON then has ``sessions``.
-    ``until_s``: stop there, programs unfinished or not (an RL rollout step's time limit)."""
+    ``until_s``: stop there, programs unfinished or not (an RL rollout step's time limit).
+    ``client_timeout_s``/``client_retries``: when a client gives up on a try and how often it
+    resends a turn (``bench/replay.py``; 0: it waits forever); with ``sessions``, the protocol's."""
     from continuum_lab.bench.events import read_admission_log, summarize_admissions
     from continuum_lab.bench.policies import parse_policy, policy_named, tlru_config
     from continuum_lab.workloads.schema import load_workload
@@ -92,6 +96,7 @@ def emulate(
             )
     if sessions is not None:
         marks = (sessions.warmup_s, sessions.end_s)
+        client_timeout_s, client_retries = sessions.client_timeout_s, sessions.client_retries
     clock = ManualClock(0.0)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="continuum-emu-") as tmp, use_clock(clock):
@@ -133,6 +138,8 @@ def emulate(
                 host=host,
                 marks=marks,
                 on_mark=on_mark,
+                client_timeout_s=client_timeout_s,
+                client_retries=client_retries,
             )
             if sessions is None:
                 result = driver.run(programs, jps, until=until_s)
@@ -227,7 +234,7 @@ def _end_with(pid: int) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    from continuum_lab.bench.replay import IDENTITIES
+    from continuum_lab.bench.replay import IDENTITIES, OPENAI_CLIENT_RETRIES, OPENAI_CLIENT_TIMEOUT_S
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workload", type=Path, required=True)
@@ -249,13 +256,21 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--warmup-s", type=float, default=600.0)
     ap.add_argument("--max-gap-s", type=float, default=None, help="cap tool/think gaps (sessions)")
     ap.add_argument("--until-s", type=float, default=None, help="stop there, every program finished or not")
+    ap.add_argument(
+        "--client-timeout-s",
+        type=float,
+        default=OPENAI_CLIENT_TIMEOUT_S,
+        help="a client gives up on a try without a first token this long (0: never)",
+    )
+    ap.add_argument("--client-retries", type=int, default=OPENAI_CLIENT_RETRIES, help="and resends a turn this often")  # fmt: skip
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     protocol = None
     if args.sessions:
         from continuum_lab.bench.sessions import SessionsProtocol
 
-        protocol = SessionsProtocol(args.sessions, args.window_s, args.warmup_s, args.max_gap_s)
+        protocol = SessionsProtocol(args.sessions, args.window_s, args.warmup_s, args.max_gap_s,
+                                    client_timeout_s=args.client_timeout_s, client_retries=args.client_retries)  # fmt: skip
     run = emulate(
         args.workload,
         args.policy,
@@ -271,6 +286,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         identity=args.identity,
         sessions=protocol,
         until_s=args.until_s,
+        client_timeout_s=args.client_timeout_s,
+        client_retries=args.client_retries,
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_bytes(orjson.dumps(run))

@@ -259,6 +259,19 @@ def abort_message(req) -> str | None:
     return reason.message if isinstance(reason, FINISH_ABORT) else None
 
 
+def abort(scheduler, rid: str) -> None:
+    """Abort ``rid`` as SGLang does when its client disconnects: the tokenizer manager sends the
+    scheduler an ``AbortReq`` (``TokenizerManager.abort_request``), which ``Scheduler.abort_request``
+    serves: a queued request leaves the waiting queue, a running one is marked ``to_finish`` (one
+    more forward, then freed as finished), a chunked prefill stops at the next step. SGLang matches
+    every rid that starts with ``rid``. A /generate stream's disconnect aborts at once; /v1's
+    endpoints, still waiting for the first chunk, notice within ``SGLANG_REQUEST_STATE_WAIT_TIMEOUT``
+    (4 s): the emulator aborts at once."""
+    from sglang.srt.managers.io_struct import AbortReq
+
+    scheduler.abort_request(AbortReq(rid=rid))
+
+
 def close_session(scheduler, session_id: str) -> None:
     from sglang.srt.managers.io_struct import CloseSessionReqInput
 
