@@ -7,7 +7,7 @@
 # torch comes through pip, which takes the CPU build from this machine's wheel directory
 # ($PIP_FIND_LINKS); everything else through uv (pinned in requirements/setup.txt), which installs
 # the same packages in about a third of pip's time.
-# GPU hosts do not use this script: `pip install sglang-continuum[gpu]`.
+# GPU hosts do not use this script: `pip install "./sglang-continuum[gpu]"` from a clone (docs/install.md).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -76,3 +76,18 @@ else
   echo "[setup] environment built in $(( $(date +%s) - t0 ))s"
 fi
 "$VENV/bin/python" -m continuum_lab.harness.tiny_model --out "$ROOT/.models/tiny-llama" --if-missing
+# Prometheus, for tests/e2e/test_prometheus.py (the Grafana dashboard's queries against a real
+# server): Debian's package, installed only where it is missing and can be (root, apt-get);
+# elsewhere that test skips and says why. Outside the stamp: a present binary makes it a no-op.
+if command -v prometheus >/dev/null 2>&1; then
+  echo "[setup] prometheus present ($(command -v prometheus))"
+elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  apt_prometheus() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1; }
+  if apt_prometheus || { apt-get update -q >/dev/null 2>&1 && apt_prometheus; }; then
+    echo "[setup] prometheus installed ($(command -v prometheus))"
+  else
+    echo "[setup] WARNING: apt-get could not install prometheus: tests/e2e/test_prometheus.py will skip" >&2
+  fi
+else
+  echo "[setup] no prometheus (installing it needs root and apt-get): tests/e2e/test_prometheus.py will skip"
+fi

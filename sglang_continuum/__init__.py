@@ -11,6 +11,6 @@ The lab that measures it (workloads, harness, bench, emulator, command-line tool
 package ``continuum_lab`` under ``lab/``; nothing here imports it.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 POLICY_NAME = "continuum"

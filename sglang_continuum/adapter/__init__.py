@@ -12,6 +12,7 @@
 * ``host_tier``       -- HiCache as Continuum uses it: back up, host-lock, reload cost.
 * ``schedule_policy`` -- ``ContinuumSchedulePolicy(SchedulePolicy)``: the waiting queue's order.
 * ``inference``       -- program identity from the prefix for requests with no id.
+* ``introspection``   -- the live view of programs in SGLang's ``/server_info`` (``continuum-top`` reads it).
 * ``request``, ``tool_identifier``, ``metrics`` -- reading ``Req``, naming a turn's tool, Prometheus series.
 
 An SGLang upgrade should need changes here and nowhere else (``README.md`` lists every symbol used).

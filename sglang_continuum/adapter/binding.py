@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS, AddReqResult, PrefillAdder
 
+from sglang_continuum.adapter.metrics import kv_occupancy
 from sglang_continuum.adapter.modes import check_supported
 from sglang_continuum.adapter.radix_cache import ContinuumRadixCache
 from sglang_continuum.adapter.request import get_tag
@@ -258,6 +259,7 @@ class SchedulerBinding:
             single_shot=cache.single_shot,
         )
         cache.program_taken = self.admission.taken.__contains__
+        cache.runtime.occupancy = self.kv_occupancy  # refreshed with the other gauges
         self._sglang = {
             name: getattr(scheduler, name)
             for name in (
@@ -285,16 +287,24 @@ class SchedulerBinding:
             }
         return pid in self._waiting_programs
 
-    def live_rids(self) -> set[str]:
+    def live_reqs(self) -> list:
         """The requests SGLang holds: waiting, running, being prefilled in chunks, or in the last
-        prefill batch (merged into the running batch at the next step); not yet finished."""
+        prefill batch (merged into the running batch at the next step)."""
         s = self.scheduler
         reqs = [*s.waiting_queue, *s.running_batch.reqs]
         if s.last_batch is not None:
             reqs += s.last_batch.reqs
         if s.chunked_req is not None:
             reqs.append(s.chunked_req)
-        return {r.rid for r in reqs if not r.finished()}  # a finished one left: SGLang filters it next step
+        return reqs
+
+    def live_rids(self) -> set[str]:
+        """The live requests not yet finished (a finished one left: SGLang filters it next step)."""
+        return {r.rid for r in self.live_reqs() if not r.finished()}
+
+    def kv_occupancy(self) -> dict[str, int]:
+        """The KV pool as SGLang's token_usage counts it, with what only pins hold set apart."""
+        return kv_occupancy(self.scheduler.pool_stats_observer.get_pool_stats(), self.cache, self.live_reqs())
 
     # -- the hooks ----------------------------------------------------------------------------
     def _add_request_to_queue(self, req, is_retracted: bool = False):

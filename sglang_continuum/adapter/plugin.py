@@ -33,6 +33,13 @@ policy when they run, so any other policy leaves SGLang exactly as it was:
   top-level fields of an OpenAI chat/completions body (``job_id``, ``is_last_step``, ...: the keys
   ``custom_params`` takes), which SGLang's request models drop, is copied into the request's
   ``custom_params`` before SGLang converts it; keys already in ``custom_params`` win.
+* ``AnthropicServing.handle_messages`` and ``._convert_to_chat_completion_request`` (AROUND, in the
+  HTTP process): ``/v1/messages`` (Claude Code's API) gets its program metadata from Claude Code's
+  session and the request's ``metadata``, and loses Claude Code's per-request attribution block
+  (``anthropic.py``).
+* ``Scheduler.get_internal_state`` (AROUND): the reply to ``GET /server_info`` carries each
+  scheduler's live view of its programs under ``"continuum"`` (``introspection.py``), built only
+  when asked.
 * ``DataParallelController.maybe_external_dp_rank_routing`` (AROUND): with ``--dp-size N`` every
   turn of a program goes to one DP rank (a stable hash of its id over the active ranks), whatever
   ``--load-balance-method`` says, so its pin is on the rank its next turn reaches. A request
@@ -63,6 +70,7 @@ SCOPE_GENERATE = "sglang.srt.managers.tokenizer_manager.TokenizerManager.generat
 SCOPE_CLOSE = "sglang.srt.managers.tokenizer_manager.TokenizerManager.close_session"
 DP_ROUTE = "sglang.srt.managers.data_parallel_controller.DataParallelController.maybe_external_dp_rank_routing"
 OPENAI_REQUEST = "sglang.srt.entrypoints.openai.serving_base.OpenAIServingBase.handle_request"
+INTERNAL_STATE = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
 
 _originals: dict[str, object] = {}
 
@@ -172,6 +180,12 @@ def _around_dp_routing(original, controller, req, *args, **kwargs):
         except Exception:  # routing falls back to SGLang's own method; dispatch must go on
             logger.exception("continuum: program-affine DP routing failed")
     return original(controller, req, *args, **kwargs)
+
+
+def _around_internal_state(original, scheduler, *args, **kwargs):
+    from sglang_continuum.adapter.introspection import around_get_internal_state  # loaded when first asked
+
+    return around_get_internal_state(original, scheduler, *args, **kwargs)
 
 
 async def _around_openai_request(original, serving, request, raw_request, *args, **kwargs):
@@ -357,16 +371,32 @@ def _resolve(target: str):
     return pkgutil.resolve_name(target)
 
 
+SGLANG_VERSION = "0.5.23"  # the one SGLang whose internals this adapter binds (adapter/README.md)
+
+
+def installed_sglang_version() -> str:
+    import importlib.metadata
+
+    return importlib.metadata.version("sglang")
+
+
 def check_active():
-    """Raise ``ContinuumPluginError`` unless every Continuum hook is applied in this process;
-    return the validated settings."""
+    """Raise ``ContinuumPluginError`` unless SGLang is the version this adapter binds and every
+    Continuum hook is applied in this process; return the validated settings."""
+    version = installed_sglang_version()
+    if version != SGLANG_VERSION:
+        # hooks may still apply on another version and bind internals that changed meaning
+        raise ContinuumPluginError(
+            f"--schedule-policy continuum needs sglang=={SGLANG_VERSION}; sglang {version} is installed. "
+            f'Install it (pip install "sglang=={SGLANG_VERSION}") or serve with another --schedule-policy.'
+        )
     missing = [t for t, orig in _originals.items() if _resolve(t) is orig]
     if not _originals or missing:
         raise ContinuumPluginError(
             "--schedule-policy continuum was requested but the sglang-continuum plugin is not "
             f"active (hooks not applied: {missing or 'plugin not registered'}). Check the log for "
             "'Failed to load plugin' / 'Failed to apply hooks', that SGLANG_PLUGINS (if set) "
-            "includes 'continuum', and that sglang==0.5.23 is installed."
+            "includes 'continuum'."
         )
     # A bad environment or config file fails here, in the launcher, not later in a scheduler.
     from sglang_continuum.core.settings import ContinuumSettings
@@ -384,6 +414,8 @@ def schedule_policy_choices() -> list:
 def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    from sglang_continuum.adapter import anthropic
+
     for target, hook, kind in (
         (CACHE_FACTORY, _around_create_cache, HookType.AROUND),
         (INIT_POLICY, _around_init_schedule_policy, HookType.AROUND),
@@ -395,6 +427,9 @@ def register() -> None:
         (SCOPE_CLOSE, scope_close_session, HookType.BEFORE),
         (DP_ROUTE, _around_dp_routing, HookType.AROUND),
         (OPENAI_REQUEST, _around_openai_request, HookType.AROUND),
+        (INTERNAL_STATE, _around_internal_state, HookType.AROUND),
+        (anthropic.HANDLE_MESSAGES, anthropic.around_handle_messages, HookType.AROUND),
+        (anthropic.CONVERT_MESSAGES, anthropic.around_convert, HookType.AROUND),
     ):
         _originals.setdefault(target, _resolve(target))
         HookRegistry.register(target, hook, kind)

@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Callable, Optional
 
-from sglang.srt.runtime_context import get_parallel
+from sglang.srt.runtime_context import get_parallel, get_serving
 
 from sglang_continuum.adapter.inference import ProgramInference
-from sglang_continuum.adapter.metrics import ContinuumMetrics
+from sglang_continuum.adapter.metrics import ContinuumMetrics, info_labels
 from sglang_continuum.adapter.request import get_tag
 from sglang_continuum.core.event_log import EventLog
 from sglang_continuum.core.persistence import StatsSaver, load_stats
@@ -40,6 +40,9 @@ class ContinuumRuntime:
         self.exchange: Optional[StatsExchange] = None
         self.inference: Optional[ProgramInference] = None
         self.metrics: Optional[ContinuumMetrics] = None
+        # the KV pool with what only pins hold set apart (set by the binding; None: not known)
+        self.occupancy: Optional[Callable[[], dict[str, int]]] = None
+        self._occupancy: dict[str, int] = {}
         self._next_stats_save = 0.0
         self._next_metrics = 0.0
         self._oldest_wait = 0.0
@@ -77,7 +80,13 @@ class ContinuumRuntime:
                 controller.programs.__contains__, rt.clock, event_log=rt.event_log, single_shot=single_shot
             )
         if enable_metrics:
-            rt.metrics = ContinuumMetrics(tp_rank=tp_rank, dp_rank=_dp_rank())
+            rt.metrics = ContinuumMetrics(
+                # labelled as SGLang's own scheduler series are, so its dashboards' filters apply
+                model_name=get_serving().served_model_name,
+                tp_rank=tp_rank,
+                dp_rank=_dp_rank(),
+                info=info_labels(controller),
+            )
             if host_tier:
                 rt.metrics.add_host_series()
         return rt
@@ -150,8 +159,14 @@ class ContinuumRuntime:
                 and (state := programs.get(tag.meta.program_id)) is not None
                 and state.turns_admitted == 0
             )
+            self._occupancy = self.occupancy() if self.occupancy is not None else {}
         self.metrics.update(
-            self.controller, self.saver, self.exchange, held_back=self._held_back, oldest_wait_s=self._oldest_wait
+            self.controller,
+            self.saver,
+            self.exchange,
+            held_back=self._held_back,
+            oldest_wait_s=self._oldest_wait,
+            occupancy=self._occupancy,
         )
 
     def save_stats_now(self) -> None:

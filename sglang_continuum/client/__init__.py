@@ -13,21 +13,27 @@ OpenAI client::
 Native ``/generate``: put ``continuum_custom_params(...)`` under ``sampling_params.custom_params``.
 Frontend language (``@sgl.function``): ``sgl.set_default_backend(ContinuumRuntimeEndpoint(url))``.
 Router: send ``ROUTING_HEADER: program_id`` so every turn of a program lands on the same worker.
+Ending a program after the fact: ``POST RELEASE_PATH`` with ``release_body(program_id)``.
+Recipes for every client, each run by a test: docs/clients.md.
 """
 
 from __future__ import annotations
 
 from sglang_continuum.client.params import (
+    RELEASE_PATH,
     ROUTING_HEADER,
     continuum_custom_params,
     continuum_extra_body,
+    release_body,
     routing_headers,
 )
 
 __all__ = [
+    "RELEASE_PATH",
     "ROUTING_HEADER",
     "continuum_custom_params",
     "continuum_extra_body",
+    "release_body",
     "routing_headers",
     "ContinuumRuntimeEndpoint",
 ]

@@ -5,7 +5,8 @@ instance), so the model is where a run's program id lives: each instance gets a 
 ``custom_params.program_id`` and ``session_id`` in the body and as the router's routing header.
 When the run is over (the model object goes, or ``close()``), ``/close_session`` ends the program
 on the server at once; the server also ends it by itself when the agent submits. Select with
-``model.model_class`` in a mini-swe-agent config (see ``configs/mini-swe-agent/continuum.yaml``):
+``model.model_class`` in a mini-swe-agent config; ``CONFIG_PATH`` (shipped with the package, its path
+printed by ``python -m sglang_continuum.client.mini_swe_agent``) is one that does:
 
     model_class: sglang_continuum.client.mini_swe_agent.ContinuumLitellmModel          # tool calls
     model_class: sglang_continuum.client.mini_swe_agent.ContinuumLitellmTextbasedModel # text mode
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import uuid
 import weakref
+from pathlib import Path
 from typing import Optional
 
 import httpx
@@ -23,6 +25,8 @@ from minisweagent.models.litellm_textbased_model import LitellmTextbasedModel
 
 from sglang_continuum.client.params import RELEASE_PATH, continuum_custom_params, release_body, routing_headers
 from sglang_continuum.core.metadata import LAST_STEP_KEY, STEP_KEY
+
+CONFIG_PATH = Path(__file__).with_name("mini_swe_agent.yaml")
 
 
 def release_program(server_url: str, program_id: str) -> None:
@@ -87,3 +91,7 @@ class ContinuumLitellmModel(_ContinuumProgram, LitellmModel):
 
 class ContinuumLitellmTextbasedModel(_ContinuumProgram, LitellmTextbasedModel):
     """mini-swe-agent v2's text mode (```` ```mswea_bash_command ```` blocks), with a program id."""
+
+
+if __name__ == "__main__":  # the config's path, for mini-swe-agent's ``-c``
+    print(CONFIG_PATH)

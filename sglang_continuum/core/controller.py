@@ -206,7 +206,7 @@ class ContinuumController:
         self.admission.overdue_admitted += overdue
         if pid is None or not self._current(tag.meta, tag):
             return None
-        state = self.programs.turn_admitted(pid, now, context_tokens)
+        state = self.programs.turn_admitted(pid, now, context_tokens, cached_tokens)
         if state is not None and state.turns_admitted == 1 and state.in_flight > 1:
             self.rekeyed.add(pid)  # its other waiting turns are no new program's any more (``priority.py``)
         lost = state is not None and state.pin_lost_waiting

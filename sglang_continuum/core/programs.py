@@ -69,6 +69,10 @@ class ProgramState:
     announces_end: bool = False  # its client flags the last step (else its end is presumed from silence)
     longest_gap: float = 0.0  # the longest it has been away on a tool call and come back
     gaps: int = 0  # tool calls it came back from
+    # its later turns' prompts, and what of them was found cached at admission (the live view's
+    # cached share, ``snapshot.py``): two additions per admission
+    later_prompt_tokens: int = 0
+    later_cached_tokens: int = 0
 
     @property
     def let_go(self) -> bool:
@@ -141,6 +145,10 @@ class ProgramRegistry:
     def get(self, program_id: str) -> Optional[ProgramState]:
         return self._programs.get(program_id)
 
+    def recent(self) -> Iterator[ProgramState]:
+        """The programs, most recently seen first."""
+        return reversed(self._programs.values())
+
     # -- events --------------------------------------------------------------------------
     def turn_arrived(
         self, program_id: str, now: float, rank: int
@@ -168,10 +176,16 @@ class ProgramRegistry:
             self._probation.pop(program_id, None)
         return state, ret
 
-    def turn_admitted(self, program_id: str, now: float, context_tokens: int) -> Optional[ProgramState]:
+    def turn_admitted(
+        self, program_id: str, now: float, context_tokens: int, cached_tokens: Optional[int] = None
+    ) -> Optional[ProgramState]:
+        """``cached_tokens``: of the turn's ``context_tokens`` (its prompt), found cached (None: not known)."""
         state = self._programs.get(program_id)
         if state is not None:
             state.turns_admitted += 1
+            if state.turns_admitted > 1 and cached_tokens is not None:
+                state.later_prompt_tokens += context_tokens
+                state.later_cached_tokens += cached_tokens
             self._touch(state, now)
             self._set_context(state, context_tokens)
         return state

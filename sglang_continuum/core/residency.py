@@ -35,7 +35,7 @@ holding it and the queue order puts it ahead of every other turn; blocked for me
 the pins that keep residents out on a tool, latest program first (``shedding.py``). A program so
 released leaves the working set, and its next return is held while the pool is full, whatever it
 finds cached, until its own bound (taking turns). No running turn is preempted. What the bound
-costs is one rebuild per release (``sglang:continuum_pin_sheds_hold_bound_total``); a due turn
+costs is one rebuild per release (``sglang:continuum_pin_sheds_total{reason="hold_bound"}``); a due turn
 waits past its bound only for room to free (running turns to finish).
 """
 

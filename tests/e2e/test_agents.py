@@ -86,7 +86,7 @@ def test_two_concurrent_agents_hit_their_pins_and_leave_none(agents_server, tmp_
         assert all(t["cached_tokens"] > 0.8 * turns[i]["prompt_tokens"] for i, t in enumerate(turns[1:])), turns
     delta = summary["metrics_delta"]
     assert delta.get("sglang:continuum_pin_hits_total", 0) >= 4  # 2 programs x 2 returning turns
-    assert delta.get("sglang:continuum_programs_ended_last_step_total", 0) == 2  # the step limit's turn
+    assert delta.get('sglang:continuum_programs_ended_total{reason="last_step"}', 0) == 2  # the step limit's turn
     assert summary["pins_left_at_end"] == 0
     # the trajectories import as workload programs with the real tool times
     programs = import_files(sorted((tmp_path / "out" / "trajectories").glob("*.json")), lambda s: len(s.split()))

@@ -92,9 +92,9 @@ def test_agentic_trace_programs_are_inferred_and_hit_pins(server, tiny_model, tm
     after = parse_metrics(server.metrics())
     # Round 1 of each conversation continues nothing (served as under fcfs, remembered
     # provisionally); rounds 2-4 extend it: inferred, pinned at their finish, the next round hits.
-    assert delta(after, before, "requests_inferred_total") >= 3 * 2, after
+    assert delta(after, before, 'requests_total{id_source="inferred"}') >= 3 * 2, after
     assert delta(after, before, "pin_hits_total") >= 3, after
-    assert delta(after, before, "requests_by_routing_key_total") == 0
+    assert delta(after, before, 'requests_total{id_source="routing_key"}') == 0
     done = wait_unpinned(server)
     # (programs_in_flight is a 30 s sliding window of programs seen, not held state: not checked)
     assert done[M + "pinned_programs"] == 0 and done[M + "pinned_tokens"] == 0, done
@@ -127,8 +127,8 @@ def test_generated_shared_prefix_routing_key_is_the_program(server, tiny_model, 
     assert "Successful requests:                     6" in out, out[-3000:]  # 2 conversations x 3 rounds
     after = parse_metrics(server.metrics())
     # One routing key per conversation, sent on every round (X-SMG-Routing-Key): it is the id.
-    assert delta(after, before, "requests_by_routing_key_total") == 6, after
-    assert delta(after, before, "requests_inferred_total") == 0
+    assert delta(after, before, 'requests_total{id_source="routing_key"}') == 6, after
+    assert delta(after, before, 'requests_total{id_source="inferred"}') == 0
     assert delta(after, before, "pin_hits_total") >= 2 * 2, after  # rounds 2 and 3 of both
     done = wait_unpinned(server)
     assert done[M + "pinned_programs"] == 0 and done[M + "pinned_tokens"] == 0, done

@@ -71,7 +71,7 @@ def test_three_turn_program_gets_its_prefix_back_from_host(tiny_model, tmp_path)
         deadline = time.monotonic() + 20
         while True:
             metrics = parse_metrics(client.get("/metrics").text)
-            ended = metrics.get("sglang:continuum_programs_ended_last_step_total") == 1
+            ended = metrics.get('sglang:continuum_programs_ended_total{reason="last_step"}') == 1
             if (ended and metrics.get("sglang:continuum_host_pinned_programs") == 0) or time.monotonic() > deadline:
                 break
             time.sleep(0.2)

@@ -16,7 +16,7 @@ from tests.support import fixed_ttl_env
 pytestmark = pytest.mark.e2e
 HEADER = "x-tenant"
 PINNED = "sglang:continuum_pinned_programs"
-RELEASED = "sglang:continuum_programs_released_total"
+RELEASED = 'sglang:continuum_programs_ended_total{reason="closed"}'
 
 
 @pytest.fixture(scope="module")

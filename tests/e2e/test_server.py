@@ -69,9 +69,9 @@ def test_metrics_expose_every_pin_series(continuum_server):
     from sglang_continuum.core.series import SERIES
 
     names = parse_metrics(continuum_server.metrics())
-    for series in SERIES:  # every series of the one table, under the name the table gives it
+    for series in SERIES:  # every series of the one table (each child of a family too), from the start
         if not series.host_only:
-            assert series.name + ("_count" if series.kind == "histogram" else "") in names, series.name
+            assert series.key + ("_count" if series.kind == "histogram" else "") in names, series.key
     assert names["sglang:continuum_pin_budget_tokens"] == POOL // 2
 
 
@@ -132,7 +132,7 @@ def test_routing_key_header_alone_makes_a_program(continuum_server):
     )
     assert r2.usage.prompt_tokens_details.cached_tokens >= r1.usage.prompt_tokens
     after = parse_metrics(continuum_server.metrics())
-    key = "sglang:continuum_requests_by_routing_key_total"
+    key = 'sglang:continuum_requests_total{id_source="routing_key"}'
     assert after[key] - before.get(key, 0) == 2
     assert after["sglang:continuum_pin_hits_total"] == before["sglang:continuum_pin_hits_total"] + 1
     httpx.post(continuum_server.url + RELEASE_PATH, json=release_body("rk-e2e"), timeout=30)
@@ -164,7 +164,7 @@ def test_frontend_program_carries_its_program_id(continuum_server):
     del state  # the run is over (SGLang ends it when the state goes): /close_session releases the pin
     final = wait_for_metrics(continuum_server, lambda m: m["sglang:continuum_pinned_programs"] == 0)
     assert final["sglang:continuum_pin_hits_total"] - before["sglang:continuum_pin_hits_total"] == 1
-    released = "sglang:continuum_programs_released_total"
+    released = 'sglang:continuum_programs_ended_total{reason="closed"}'
     assert final[released] - before[released] == 1
 
 
@@ -198,7 +198,7 @@ def test_close_session_ends_a_program_after_the_fact(continuum_server):
     assert pinned["sglang:continuum_pins_created_total"] == before["sglang:continuum_pins_created_total"] + 1
     r = httpx.post(continuum_server.url + RELEASE_PATH, json=release_body("agent-close"), timeout=30)
     assert r.status_code == 200
-    key = "sglang:continuum_programs_released_total"
+    key = 'sglang:continuum_programs_ended_total{reason="closed"}'
     after = wait_for_metrics(continuum_server, lambda m: m[key] == before[key] + 1)
     assert after[key] == before[key] + 1
     releases = "sglang:continuum_pin_releases_total"
@@ -217,13 +217,13 @@ def test_a_submit_tool_ends_the_program_without_a_pin(continuum_server):
     after = wait_for_metrics(
         continuum_server,
         lambda m: (
-            m["sglang:continuum_programs_ended_by_tool_total"]
-            == before["sglang:continuum_programs_ended_by_tool_total"] + 1
+            m['sglang:continuum_programs_ended_total{reason="terminal_tool"}']
+            == before['sglang:continuum_programs_ended_total{reason="terminal_tool"}'] + 1
         ),
     )
     assert (
-        after["sglang:continuum_programs_ended_by_tool_total"]
-        == before["sglang:continuum_programs_ended_by_tool_total"] + 1
+        after['sglang:continuum_programs_ended_total{reason="terminal_tool"}']
+        == before['sglang:continuum_programs_ended_total{reason="terminal_tool"}'] + 1
     )
     assert after["sglang:continuum_pins_created_total"] == before["sglang:continuum_pins_created_total"]
 
@@ -334,8 +334,8 @@ def test_top_level_job_id_and_is_last_step_of_the_continuum_authors_client(conti
     that exists); a top-level ``is_last_step`` on /v1/completions pins nothing; ``custom_params``
     wins over top-level fields."""
     url = continuum_server.url
-    by_id, created = "sglang:continuum_requests_by_program_id_total", "sglang:continuum_pins_created_total"
-    released = "sglang:continuum_programs_released_total"
+    by_id, created = 'sglang:continuum_requests_total{id_source="program_id"}', "sglang:continuum_pins_created_total"
+    released = 'sglang:continuum_programs_ended_total{reason="closed"}'
     before = parse_metrics(continuum_server.metrics())
     body = {
         "model": "m",

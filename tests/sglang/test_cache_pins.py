@@ -141,3 +141,36 @@ def test_random_interleavings_keep_invariants(ops, budget):
     assert len(cache.controller.pins) == 0 and cache.protected_size() == 0
     cache.evict(EvictParams(num_tokens=10**6))
     assert d.allocator.available_size() == size
+
+
+def test_kv_only_pins_hold_is_told_apart_from_kv_requests_hold():
+    """The ``kv_*`` series: SGLang counts a pinned prefix as used (it is locked); the part of it no
+    live request's lock shares is what shedding pins would give back to waiting turns."""
+    from types import SimpleNamespace
+
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+
+    from continuum_lab.harness.cpu_cache import key
+    from sglang_continuum.adapter.metrics import kv_occupancy
+
+    cache, clock = continuum_cache(256, fixed_ttl_s=100.0, pin_budget_fraction=1.0)
+    d = TurnDriver(cache)
+    context = list(range(1, 101))
+    d.run_turn(ProgramMeta("agent"), context)  # pinned: 100 tokens locked
+    d.fill(50)  # another request's KV, left in the tree unlocked: evictable, not used
+
+    def occupancy(reqs):
+        allocator = cache.token_to_kv_pool_allocator
+        used = allocator.size - allocator.available_size() - cache.evictable_size()  # as SGLang's token_usage
+        return kv_occupancy(SimpleNamespace(full_capacity=allocator.size, full_num_used=used), cache, reqs)
+
+    assert occupancy([]) == {"kv_pool_tokens": 256, "kv_request_tokens": 0, "kv_pinned_reclaimable_tokens": 100}
+    match = cache.match_prefix(MatchPrefixParams(key=key(context[:60])))
+    running = SimpleNamespace(lock=cache.lock(match.last_device_node))  # a live request on 60 of them
+    assert occupancy([running, SimpleNamespace(lock=None)]) == {
+        "kv_pool_tokens": 256,
+        "kv_request_tokens": 60,
+        "kv_pinned_reclaimable_tokens": 40,
+    }
+    cache.unlock(running.lock)
+    assert occupancy([])["kv_pinned_reclaimable_tokens"] == 100

@@ -5,6 +5,7 @@ Each run is a fresh ``python -m continuum_lab.emulator.run`` process (as ``conti
 """
 
 import json
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -12,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from continuum_lab.emulator.step_model import StepLatencyModel
+from continuum_lab.harness.server import parse_metrics
 from continuum_lab.workloads.schema import Program, Turn, dump_workload
 from tests.support import fixed_ttl_env
 
@@ -66,11 +68,8 @@ def _turns(run):
 
 
 def _series(run, name):
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in run["metrics_after"].splitlines()
-        if line.startswith(name + "{") or line.startswith(name + " ")
-    )
+    """``name`` summed over its labels (or a family's child: ``name{reason="last_step"}``)."""
+    return parse_metrics(run["metrics_after"], prefix="sglang:").get(name, 0.0)
 
 
 LOOPS = {  # SGLang's scheduler loop: overlapped on a GPU, overlapped on a CPU, serial
@@ -226,9 +225,13 @@ def test_continuum_runs_are_deterministic_forked_or_fresh_and_return_every_kv_sl
         a, b = fresh.result(), forked.result()
     assert a["replay"] == b["replay"]
     # nothing the fork server imported carried state into the run: the plugin's series agree (SGLang's
-    # own include wall-clock timings and the model's temp path)
+    # own include wall-clock timings; every series' model_name label is the model's temp path)
     plugin_series = [
-        [ln for ln in r["metrics_after"].splitlines() if ln.startswith("sglang:continuum_") and "_created" not in ln]
+        [
+            re.sub(r'model_name="[^"]*"', "", ln)
+            for ln in r["metrics_after"].splitlines()
+            if ln.startswith("sglang:continuum_") and "_created" not in ln
+        ]
         for r in (a, b)
     ]
     assert plugin_series[0] == plugin_series[1] != []
@@ -291,7 +294,7 @@ def test_bench_emulate_reports_every_policy_as_an_emulated_run(tmp_path, pressur
     }
     budget = {p: _series(m, "sglang:continuum_pin_budget_tokens") for p, m in metrics.items()}
     assert budget["order-only"] == 0 < budget["pins-only"]  # each ablation's setting reached its scheduler
-    ended = {p: _series(m, "sglang:continuum_programs_ended_last_step_total") for p, m in metrics.items()}
+    ended = {p: _series(m, 'sglang:continuum_programs_ended_total{reason="last_step"}') for p, m in metrics.items()}
     assert ended == {"order-only": 6, "pins-only": 6}  # metrics published at the final idle step
     assert "**Emulated**" in (out / "report.md").read_text()
     assert "scheduler on its overlap loop, as a server runs it" in (out / "report.md").read_text()

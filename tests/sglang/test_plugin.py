@@ -51,6 +51,12 @@ def test_refuses_to_start_when_hooks_are_missing(monkeypatch):
         plugin.check_active()
 
 
+def test_refuses_to_start_on_another_sglang_version(monkeypatch):
+    monkeypatch.setattr(plugin, "installed_sglang_version", lambda: "0.5.24")
+    with pytest.raises(plugin.ContinuumPluginError, match=r"needs sglang==0\.5\.23; sglang 0\.5\.24 is installed"):
+        plugin.check_active()
+
+
 def test_bad_settings_fail_at_startup(monkeypatch):
     monkeypatch.setenv("SGLANG_CONTINUUM_RULES", "continuum_lab.bench.variants:TELEPATHY")
     with pytest.raises(ValueError, match="invalid sglang-continuum settings"):

@@ -9,26 +9,25 @@ import numpy as np
 
 from continuum_lab.bench.replay import ReplayResult
 from continuum_lab.harness.server import parse_metrics
-from sglang_continuum.core.series import series_name
+from sglang_continuum.core.series import family_name, series_key
 
-# report column -> scraped series (Continuum's from the one table in core/series.py)
+# report column -> the key parse_metrics gives the series (Continuum's from core/series.py)
 PIN_SERIES = {
-    "pin_hits": series_name("counters.hits"),
-    "pin_expiries": series_name("counters.expired"),
-    "pin_sheds": series_name("counters.shed"),
-    "pins_created": series_name("counters.created"),
-    "admission_sheds": series_name("admission.admission_sheds"),
-    "held_back": series_name("admission.held_back"),
-    "overdue_admitted": series_name("admission.overdue_admitted"),
-    "sheds_admission": series_name("sheds.admission"),
-    "sheds_idle": series_name("sheds.idle"),
-    "sheds_alloc": series_name("sheds.alloc"),
-    "sheds_budget": series_name("sheds.budget"),
-    "sheds_while_waiting": series_name("sheds.while_waiting"),
+    "pin_hits": series_key("counters.hits"),
+    "pin_expiries": series_key("counters.expired"),
+    "pin_sheds": family_name("pin_sheds"),  # every reason
+    "pins_created": series_key("counters.created"),
+    "held_back": series_key("admission.held_back"),
+    "overdue_admitted": series_key("admission.overdue_admitted"),
+    "sheds_admission": series_key("sheds.admission"),
+    "sheds_idle": series_key("sheds.idle"),
+    "sheds_alloc": series_key("sheds.alloc"),
+    "sheds_budget": series_key("sheds.budget"),
+    "sheds_while_waiting": series_key("sheds.while_waiting"),
     # HiCache: SGLang's own count of tokens loaded back from host, and Continuum's offloads
     "host_loaded_tokens": "sglang:load_back_tokens_total",
-    "offloads": series_name("host.offloaded"),
-    "host_hit_tokens": series_name("host.host_hit_tokens"),
+    "offloads": series_key("host.offloaded"),
+    "host_hit_tokens": series_key("host.host_hit_tokens"),
 }
 
 

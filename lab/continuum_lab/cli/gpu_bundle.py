@@ -423,6 +423,7 @@ def smoke(url: str, new_tokens: int = 32, wait_s: float = 600.0, server_pid: Opt
 
     from continuum_lab.harness.server import parse_metrics
     from sglang_continuum.client.params import continuum_custom_params
+    from sglang_continuum.core.series import series_key
 
     url = url.rstrip("/")
     wait_healthy(url, wait_s, server_pid)
@@ -465,7 +466,7 @@ def smoke(url: str, new_tokens: int = 32, wait_s: float = 600.0, server_pid: Opt
     metrics = parse_metrics(httpx.get(url + "/metrics", timeout=10).text)
     if not metrics:
         raise BundleError("/metrics has no sglang:continuum_ series: the plugin is not running")
-    for series in ("sglang:continuum_programs_seen_total", "sglang:continuum_programs_ended_last_step_total"):
+    for series in (series_key("programs.seen"), series_key("programs.last_step")):
         if metrics.get(series, 0) < 1:
             raise BundleError(f"{series} is {metrics.get(series)}: the plugin did not see the program's custom_params")
     print(f"  /metrics: {len(metrics)} continuum series, e.g. {dict(list(sorted(metrics.items()))[:4])}")

@@ -26,7 +26,7 @@ from typing import Mapping, Optional, Sequence
 import httpx
 
 from continuum_lab.harness.server import SGLangServer, free_port, parse_metrics
-from sglang_continuum.core.series import series_name
+from sglang_continuum.core.series import family_name, series_name
 
 ROUTER_POLICIES = ("consistent_hashing", "round_robin", "cache_aware", "prefix_hash", "power_of_two", "random")
 # smg 1.13 leaves a worker out of routing while its KV usage is >= 0.8 or 8 requests wait, on every
@@ -222,7 +222,7 @@ WORKER_SERIES = {
     "programs_affine": series_name("programs.affine"),
     "programs_split": series_name("programs.split"),
     "pin_hits": series_name("counters.hits"),
-    "pin_sheds": series_name("counters.shed"),
+    "pin_sheds": family_name("pin_sheds"),  # every reason
     "requests": "sglang:num_requests_total",
     "prompt_tokens": "sglang:prompt_tokens_total",
     "cached_tokens": "sglang:cached_tokens_total",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Iterator, Mapping, Optional, Sequence
 
 import httpx
+
+from sglang_continuum.core.series import CHILD_LABELS
 
 CPU_FLAGS = ("--device", "cpu", "--attention-backend", "torch_native", "--skip-server-warmup")
 # A CUDA GPU without sgl_kernel or flashinfer (the lent H100: docs/gpu.md; gpushim/ on PYTHONPATH):
@@ -195,13 +198,22 @@ class SGLangServer:
 
 
 def parse_metrics(text: str, prefix: str = "sglang:continuum_") -> dict[str, float]:
-    """Sum each series of ``prefix`` over its labels (one scheduler per tp rank)."""
+    """Sum each series of ``prefix`` over its labels (one scheduler per rank); a family's child
+    is summed under its label too, as ``series.Series.key`` names it
+    (``sglang:continuum_pin_sheds_total{reason="alloc"}``)."""
     out: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith(prefix):
             name = line.split("{", 1)[0].split(" ", 1)[0]
-            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+            value = float(line.rsplit(" ", 1)[1])
+            out[name] = out.get(name, 0.0) + value
+            for label, child in _CHILD_LABEL.findall(line.partition("{")[2].rpartition("}")[0]):
+                key = f'{name}{{{label}="{child}"}}'
+                out[key] = out.get(key, 0.0) + value
     return out
+
+
+_CHILD_LABEL = re.compile(rf'\b({"|".join(CHILD_LABELS)})="([^"]*)"')
 
 
 def cpu_split(pin: bool) -> tuple[Optional[set[int]], Optional[set[int]]]:

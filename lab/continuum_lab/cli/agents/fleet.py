@@ -81,7 +81,7 @@ def run_fleet(
     delta = {
         k: after[k] - before.get(k, 0.0)
         for k in after
-        if k.endswith(("_total", "_sum", "_count")) and after[k] != before.get(k, 0.0)
+        if k.partition("{")[0].endswith(("_total", "_sum", "_count")) and after[k] != before.get(k, 0.0)
     }
     summary = summarize(results, delta, pins_left) | {"makespan_s": makespan}
     if attribution_log is not None:

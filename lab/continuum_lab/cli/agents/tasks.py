@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from sglang_continuum.core.series import series_name
+from sglang_continuum.core.series import series_key, series_name
 from sglang_continuum.core.tool_calls import SUBMIT_SENTINELS, command_tool
 
 SUBMIT_COMMAND = f"echo {SUBMIT_SENTINELS[0]}"
@@ -18,7 +18,7 @@ ENDED_OK = {"Submitted", "LimitsExceeded"}  # a task "ended" by submit or by its
 IDENTITIES = ("ids", "plain")  # program ids sent three ways | stock mini-swe-agent, nothing sent
 # where each request's program id came from, as /metrics counts it (docs/program-identity.md)
 IDENTITY_SERIES = {
-    source: series_name(f"identity.{source}")
+    source: series_key(f"identity.{source}")
     for source in ("program_id", "session_id", "routing_key", "inferred", "first_turn", "none")
 }
 PIN_SERIES = {

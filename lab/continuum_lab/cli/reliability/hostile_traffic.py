@@ -26,6 +26,7 @@ from continuum_lab.cli.reliability.common import (
     rnd,
 )
 from continuum_lab.harness.server import SGLangServer, parse_metrics
+from sglang_continuum.core.series import family_name, series_key
 
 # the honest agent programs: a first prompt, then per turn the model's output and a tool's output
 HONEST_FIRST = 192
@@ -45,31 +46,27 @@ GAUGES = (
     "expected_final_context_tokens",
     "growth_reserved",
     "prefill_step_seconds",
-    "decode_share",
+    "decode_share_ratio",
     "pinned_programs",
 )
 SGLANG_GAUGES = ("sglang:num_queue_reqs", "sglang:num_running_reqs")
-# counters read before and after each phase
-COUNTERS = (
-    "pins_created",
-    "pin_hits",
-    "pin_sheds",
-    "pin_releases",
-    "pins_refused",
-    "programs_ended_last_step",
-    "programs_released",
-    "programs_forgotten",
-    "held_back_requests",
-    "stats_samples_received",
-    "requests_by_program_id",
-    "requests_inferred",
-    "requests_first_turn",
-    "requests_without_program",
-)
-
-
-def counter(name: str) -> str:
-    return "sglang:continuum_" + name + "_total"
+# counters read before and after each phase: report key -> the key parse_metrics gives it
+COUNTERS = {
+    "pins_created": series_key("counters.created"),
+    "pin_hits": series_key("counters.hits"),
+    "pin_sheds": family_name("pin_sheds"),  # every reason
+    "pin_releases": series_key("counters.released"),
+    "pins_refused": series_key("counters.refused"),
+    "programs_ended_last_step": series_key("programs.last_step"),
+    "programs_released": series_key("programs.released"),
+    "programs_forgotten": series_key("programs.forgotten"),
+    "held_back_requests": series_key("admission.held_back"),
+    "stats_samples_received": series_key("exchange.received"),
+    "requests_by_program_id": series_key("identity.program_id"),
+    "requests_inferred": series_key("identity.inferred"),
+    "requests_first_turn": series_key("identity.first_turn"),
+    "requests_without_program": series_key("identity.none"),
+}
 
 
 # -- honest traffic ----------------------------------------------------------------------------
@@ -270,7 +267,7 @@ async def phase(
         samp.cancel()
         await asyncio.gather(samp, return_exceptions=True)
         after = await scrape(hc, srv.url)
-    counters = {n: after.get(counter(n), 0.0) - before.get(counter(n), 0.0) for n in COUNTERS}
+    counters = {n: after.get(key, 0.0) - before.get(key, 0.0) for n, key in COUNTERS.items()}
     return {
         "tag": tag,
         "honest": honest.summary(t0, t1),
