@@ -152,6 +152,14 @@ def scoped_program_id(scope: Optional[str], program_id: str) -> str:
     return program_id if scope is None else f"{_SCOPED_PREFIX}{scope}:{program_id}"
 
 
+def client_program_id(program_id: str) -> Optional[str]:
+    """The client's id inside a scoped effective id (``scoped_program_id``'s inverse), never its
+    scope; None for an id that is not scoped."""
+    if not program_id.startswith(_SCOPED_PREFIX):
+        return None
+    return program_id[len(_SCOPED_PREFIX) :].partition(":")[2]
+
+
 def _read_bool(value: Any) -> bool:
     if value is None:
         return False

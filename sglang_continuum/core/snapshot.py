@@ -19,7 +19,7 @@ import heapq
 from typing import TYPE_CHECKING, Iterable, Optional
 
 from sglang_continuum.core.counters import counter_values
-from sglang_continuum.core.metadata import _SCOPED_PREFIX, RESERVED_PREFIX
+from sglang_continuum.core.metadata import RESERVED_PREFIX, client_program_id
 from sglang_continuum.core.pins import Pin
 from sglang_continuum.core.programs import (
     PIN_EXPIRED,
@@ -73,9 +73,10 @@ def _s(seconds: float) -> float:
 
 def display_id(program_id: str) -> tuple[str, bool]:
     """(what to show for ``program_id``, whether it is scoped): a scoped id's client part, never its scope."""
-    scoped = program_id.startswith(_SCOPED_PREFIX)
+    client_id = client_program_id(program_id)
+    scoped = client_id is not None
     if scoped:
-        program_id = program_id[len(_SCOPED_PREFIX) :].partition(":")[2]
+        program_id = client_id
     elif program_id.startswith(RESERVED_PREFIX):
         program_id = program_id[len(RESERVED_PREFIX) :]  # an inferred program: "inferred-12"
     if len(program_id) > MAX_ID_CHARS:
