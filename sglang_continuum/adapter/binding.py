@@ -335,7 +335,13 @@ class SchedulerBinding:
             idle = plan.batch_to_run is None and plan.running_batch.is_empty()
             tag = get_tag(blocked)
             reason = "idle" if idle else "hold_bound" if tag is not None and tag.due else "admission"
-            shed = cache.shed_for(tag, tokens=admission.shortfall, reason=reason, program_waiting=self.program_waiting)
+            shed = cache.shed_for(
+                tag,
+                tokens=admission.shortfall,
+                reason=reason,
+                program_waiting=self.program_waiting,
+                request_tokens=len(blocked.origin_input_ids),
+            )
             if not shed:
                 break
             plan.running_batch.batch_is_full = False  # memory came back: admission is open again
@@ -358,13 +364,26 @@ class SchedulerBinding:
         self._loaded = 0  # a selection below (if any) is the next batch's
         if self.forward_is_async:
             (ran, prefilled), self._launched = self._launched, (ran, prefilled)
-        if self.cache.step(self.now(), self.program_waiting, ran=ran, prefilled=prefilled):
+        room, contended = self._upload_room()
+        if self.cache.step(
+            self.now(), self.program_waiting, ran=ran, prefilled=prefilled, room_tokens=room, contended=contended
+        ):
             # memory given back outside a request's exit: SGLang clears batch_is_full only
             # when a running request leaves, so re-open admission here
             running_batch.batch_is_full = False
         plan = self._sglang["get_next_batch_to_run"](running_batch=running_batch, last_batch=last_batch)
         self.cache.runtime.publish_metrics(self.scheduler.waiting_queue)
         return plan
+
+    def _upload_room(self) -> tuple[int, bool]:
+        """What a predictive upload may fill (``core/upload.py``): half of the device memory free or
+        held only by unlocked cache (the rest stays for what runs and arrives), none while the last
+        selection refused a turn for memory; and whether turns wait (holding memory then has a price)."""
+        s = self.scheduler
+        if self.cache.host_tier is None or self.admission.blocked is not None:
+            return 0, bool(s.waiting_queue)
+        room = (s.token_to_kv_pool_allocator.available_size() + self.cache.evictable_size()) // 2
+        return room, bool(s.waiting_queue)
 
     def on_idle(self):
         s, cache = self.scheduler, self.cache

@@ -11,6 +11,11 @@ needs four operations from it, each a thin call into that machinery:
   SGLang's own write-back eviction step) when the device memory is needed right away.
 * ``host_lock`` / ``host_unlock``: protect the host copy from host eviction (``host_lock_ref`` on
   the path's last node; host eviction only takes unlocked host leaves, so the path is safe).
+* ``load_ahead(node)``: predictive upload, SGLang's own ``load_back`` of a host-only path called
+  ahead of the request that will need it. The copy is queued, not started: the next prefill batch
+  starts it with its own loads (``ready_to_load_host_cache``) and waits on it layer by layer, as it
+  waits on the loads it made itself, so no batch reads the path before its KV has landed, and no
+  transfer slot is taken beyond the one per batch SGLang counts on.
 * ``reload_cost()``: the transfer-time model, from the host pool's bytes per token.
 """
 
@@ -24,6 +29,8 @@ from sglang_continuum.core.offload import DEFAULT_HOST_BYTES_PER_S, ReloadCost
 
 if TYPE_CHECKING:
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+    from sglang_continuum.core.upload import Uploads
 
 logger = logging.getLogger(__name__)
 
@@ -100,3 +107,41 @@ class HostTier:
 
     def on_device(self, node: int) -> bool:
         return not self.cache.tree_core.is_full_device_evicted(node)
+
+    # -- upload --------------------------------------------------------------------------
+    def upload(self, uploads: "Uploads", now: float, room_tokens: int, contended: bool) -> list:
+        """The host copies ``uploads`` says are due back (``core/upload.py``), each loaded ahead
+        under a device lock that becomes its program's pin. Returns the pins to release (the
+        host pins they replace)."""
+        release = []
+        for upload in uploads.due(now, room_tokens, contended=contended):
+            node = upload.host.handle.node
+            if self.on_device(node):
+                uploads.postpone(upload, now)
+                continue
+            try:
+                moved = self.load_ahead(node, room_tokens)
+            except Exception:  # never let an upload take serving down: the return loads it itself
+                logger.exception("continuum: upload of program=%s failed", upload.host.program_id)
+                moved = None
+            if moved is None:
+                uploads.failed(upload)
+                continue
+            room_tokens -= upload.host.tokens
+            release += uploads.uploaded(upload, self.cache.lock(node), now)
+            logger.debug("continuum: uploaded program=%s tokens=%d", upload.host.program_id, moved)
+        return release
+
+    def load_ahead(self, node: int, room_tokens: int) -> Optional[int]:
+        """Bring the path to ``node`` back to the device ahead of its request, within ``room_tokens``
+        (free, or unlocked cache SGLang evicts for it): the tokens queued for loading (0: it is
+        resident already), or None if SGLang would not load it now."""
+        if self.on_device(node):
+            return 0
+        if not self.cache.tree_core.is_backuped(node):
+            return None
+        loading = len(self.cache.cache_controller.load_queue)
+        if not self.cache.load_back(node, mem_quota=room_tokens):
+            return None
+        queued = self.cache.cache_controller.load_queue[loading:]
+        return sum(len(getattr(op, "host_indices", ())) for op in queued)

@@ -106,6 +106,8 @@ def gauge_values(
         "programs_held_back": held_back,
         "oldest_wait_seconds": oldest_wait_s,
         "longest_hold_seconds": controller.residency.holds.longest(controller.clock()),
+        "critical_programs": len(controller.critical),
+        "critical_reserve_tokens": controller.critical.reserve_tokens,
         "host_pinned_programs": len(host),
         "host_pinned_tokens": host.pinned_tokens,
         "host_load_seconds_per_token": controller.residency.engine.prefill.load_seconds_per_token() or 0.0,
@@ -186,6 +188,7 @@ class ContinuumMetrics:
         groups = {
             "counters": controller.counters,
             "host": controller.host.counters,
+            "uploads": controller.uploads.counters,
             "admission": controller.admission,
             "sheds": controller.sheds,
             "programs": controller.program_counters,

@@ -309,16 +309,22 @@ class ContinuumRadixCache(UnifiedRadixCache):
         *,
         ran: Optional[bool] = None,
         prefilled: tuple[int, ...] = (0, 0),
+        room_tokens: int = 0,
+        contended: bool = False,
     ) -> bool:
         """Once per scheduler iteration: advance the clock, tell the engine's timings what ran
         since the last one (``ran``: True decode, False a prefill, None nothing; ``prefilled``: its
         new tokens, attention pairs and tokens loaded from host) and execute the controller's step
         plan (expiry, offload); first turns known single-shot give their pins back; the runtime
-        shares and saves statistics. Returns whether device memory was given back."""
+        shares and saves statistics; with a host tier, host copies due back are uploaded into
+        ``room_tokens`` of free device memory (``contended``: turns wait). Returns whether device
+        memory was given back."""
         self.step_clock.set(now)
         self.controller.residency.engine.step(self.step_clock(), ran, prefilled)
         plan = self.controller.step(program_waiting, self.admission_capacity_tokens())
         freed = self._execute(plan)
+        if self.host_tier is not None:  # host copies due back, each loaded under a lock that is its pin
+            self._release(self.host_tier.upload(self.controller.uploads, now, room_tokens, contended))
         if self.runtime.inference is not None:
             pinned = self.controller.pins.pinned_tokens
             self.runtime.inference.expire()  # a first turn's pin goes once it is known single-shot
@@ -333,17 +339,24 @@ class ContinuumRadixCache(UnifiedRadixCache):
         tokens: int,
         reason: str = "admission",
         program_waiting: Optional[Callable[[str], bool]] = None,
+        request_tokens: int = 0,
     ) -> int:
-        """Shed pins (latest program first) worth at least ``tokens`` for the blocked turn
-        ``tag``. ``reason`` "admission": only pins of programs ranked after it; "idle" (the
-        engine would otherwise idle: the paper's deadlock rule) and "hold_bound" (its hold bound
-        passed, ``residency.py``): any rank. Never the turn's own
-        program's pin, and never a pin whose program's next turn is already waiting
-        (``program_waiting``: shedding it throws away a certain hit) -- except on the idle path
-        once nothing else is left."""
+        """Shed pins (latest program first) worth ``tokens`` for the blocked turn ``tag``: "admission",
+        pins of programs ranked after it, then with a host tier those whose tool call leaves time
+        to prefill its ``request_tokens`` and come back ("gap", ``core/upload.py``); "idle" (the
+        paper's deadlock rule) and "hold_bound" (``residency.py``): any rank. Never its own
+        program's pin, nor one whose next turn waits (``program_waiting``: a certain hit), but on
+        the idle path once nothing else is left."""
         keep = tag.meta.program_id if tag is not None else None
         after = tag.program_rank if reason == "admission" and tag is not None else None
         spares = (program_waiting, None) if reason == "idle" else (program_waiting,)
+        shed = self._shed(tokens, reason, after, keep, spares)
+        if shed < max(1, tokens) and reason == "admission" and self.host_tier is not None and request_tokens > 0:
+            gap = self.controller.uploads.gap_spare(request_tokens, self.step_clock())
+            shed += self._shed(tokens - shed, "gap", None, keep, (gap,))
+        return shed
+
+    def _shed(self, tokens: int, reason: str, after: Optional[int], keep: Optional[str], spares) -> int:
         shed = 0
         while shed < max(1, tokens):
             pin = self.controller.shed(reason, ranked_after=after, keep=keep, spares=spares)

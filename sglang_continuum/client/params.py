@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from sglang_continuum.core.metadata import LAST_STEP_KEY, PROGRAM_ID_KEY, STEP_KEY, TOOL_NAME_KEY
+from sglang_continuum.core.metadata import (
+    APP_ID_KEY,
+    CRITICAL_KEY,
+    LAST_STEP_KEY,
+    PROGRAM_ID_KEY,
+    STEP_KEY,
+    TOOL_NAME_KEY,
+    TOOL_TIME_KEY,
+)
 
 # SGLang's router (sgl-model-gateway) hashes this header for consistent, program-affine routing.
 ROUTING_HEADER = "x-smg-routing-key"
@@ -19,15 +27,31 @@ def release_body(program_id: str | int) -> dict:
 
 
 def continuum_custom_params(
-    program_id: str | int, *, last_step: bool = False, tool_name: Optional[str] = None, step: Optional[int] = None
+    program_id: str | int,
+    *,
+    last_step: bool = False,
+    tool_name: Optional[str] = None,
+    step: Optional[int] = None,
+    tool_time_s: Optional[float] = None,
+    app_id: Optional[str] = None,
+    critical: Optional[bool] = None,
 ) -> dict:
     """``step`` (the turn's 1-based position) lets workers count programs whose every turn they
-    served (``sglang:continuum_programs_affine_total``): how well routing kept programs together."""
+    served (``sglang:continuum_programs_affine_total``): how well routing kept programs together.
+    ``tool_time_s``: how long the tool this turn's output calls should take (the server blends it
+    with what it learned); ``app_id`` / ``critical``: the multi-agent application the program
+    belongs to and whether it is on that application's critical path."""
     params: dict[str, Any] = {PROGRAM_ID_KEY: str(program_id), LAST_STEP_KEY: bool(last_step)}
     if tool_name:
         params[TOOL_NAME_KEY] = tool_name
     if step is not None:
         params[STEP_KEY] = int(step)
+    if tool_time_s is not None:
+        params[TOOL_TIME_KEY] = float(tool_time_s)
+    if app_id is not None:
+        params[APP_ID_KEY] = str(app_id)
+    if critical is not None:
+        params[CRITICAL_KEY] = bool(critical)
     return params
 
 
@@ -37,12 +61,25 @@ def continuum_extra_body(
     last_step: bool = False,
     tool_name: Optional[str] = None,
     step: Optional[int] = None,
+    tool_time_s: Optional[float] = None,
+    app_id: Optional[str] = None,
+    critical: Optional[bool] = None,
     **extra: Any,
 ) -> dict:
     """``extra_body`` for the OpenAI client; ``extra`` adds other SGLang fields (e.g. ignore_eos)."""
     body = dict(extra)
     custom = dict(body.pop("custom_params", None) or {})
-    custom.update(continuum_custom_params(program_id, last_step=last_step, tool_name=tool_name, step=step))
+    custom.update(
+        continuum_custom_params(
+            program_id,
+            last_step=last_step,
+            tool_name=tool_name,
+            step=step,
+            tool_time_s=tool_time_s,
+            app_id=app_id,
+            critical=critical,
+        )
+    )
     body["custom_params"] = custom
     return body
 

@@ -8,9 +8,10 @@ answers with pins to create or release; engine objects are opaque handles the ad
 Each decision has a room of its own, chosen by the ``Rules`` (``core/rules.py``; the product's by
 default, a lab variant's by name): the queue order (``priority.py``), the TTL (``ttl.py``),
 residency and the hold bound (``residency.py``), the door and its working set (``door.py``), the
-wait bound (``bounded_waiting.py``), which pin to shed (``shedding.py``), the host tier's pins
-(``host_pins.py``: with HiCache, which device pins that end before their program returns keep a
-protected host copy). The device pins' room (``pinning.py``) makes, hands back, expires and counts
+wait bound (``bounded_waiting.py``), which pin to shed (``shedding.py``), the critical paths'
+reserve (``critical.py``), the host tier's pins (``host_pins.py``: with HiCache, which device pins
+that end before their program returns keep a protected host copy) and what a tool call lends and
+brings back (``upload.py``: its device memory to a waiting turn, its prefix before it returns). The device pins' room (``pinning.py``) makes, hands back, expires and counts
 pins by those decisions. The controller routes events to the rooms; it and they alone write turn tags.
 """
 
@@ -44,6 +45,7 @@ from sglang_continuum.core.stats_exchange import DURATION, OUTCOME, Sample
 from sglang_continuum.core.tool_stats import UNKNOWN_TOOL, ToolStats
 from sglang_continuum.core.ttl import TTLModel
 from sglang_continuum.core.turns import AdmissionRecord, FinishOutcome, StepPlan, TurnTag
+from sglang_continuum.core.upload import Uploads
 
 CachedLookup = Optional[Callable[[], Optional[int]]]  # how much of a prompt is cached, looked up on demand
 logger = logging.getLogger(__name__)
@@ -80,19 +82,14 @@ class ContinuumController:
         self.silence = Silence(self.stats, self.programs)  # programs whose clients announce no ends
         self.pins = PinTable(budget_tokens, ceiling_tokens=pin_ceiling_tokens)  # the ceiling: resident pins
         self.shedding = self.rules.shedding(self.pins, self.programs, self.silence)
-        self.pinning = Pinning(
-            self.pins,
-            self.shedding,
-            programs=self.programs,
-            silence=self.silence,
-            ttl_model=self.ttl_model,
-            door=self.door,
-            max_ttl_s=settings.max_ttl_s,
-        )
+        rooms = {"programs": self.programs, "silence": self.silence, "ttl_model": self.ttl_model, "door": self.door}
+        self.pinning = Pinning(self.pins, self.shedding, **rooms, max_ttl_s=settings.max_ttl_s)
         # the pins' counts, owned by their room, read here by the metrics and the snapshot
         self.counters, self.sheds, self.survival = self.pinning.counters, self.pinning.sheds, self.pinning.survival
         self.bounded = self.rules.wait_bound(settings.max_overtakes)
         self.host = HostPins(self.programs, self.timings, clock, offload_to_host=settings.offload_to_host)
+        self.uploads = Uploads(self.host, self.pinning, self.programs, self.ttl_model, settings)  # tool gaps
+        self.critical = self.rules.critical(self.programs, self.door.working_set)  # multi-agent critical paths
         self.admission = AdmissionCounters()
         self.program_counters = ProgramCounters()
         self.identity = IdentityCounters()
@@ -141,6 +138,7 @@ class ContinuumController:
             self._enter(tag, now, waiting_ahead)
             return tag
         state.announces_end |= meta.announces_end
+        self.critical.arrived(state, meta.app_id, meta.critical)
         if state.turns_arrived == 1:
             state.first_step = meta.step
             self.program_counters.seen += 1
@@ -239,7 +237,7 @@ class ContinuumController:
         now = self.clock()
         identified = meta.tool_name or tool
         tool = identified or UNKNOWN_TOOL
-        state = self.programs.turn_finished(pid, now, tool, context_tokens)
+        state = self.programs.turn_finished(pid, now, tool, context_tokens, meta.tool_time_s)
         out.release.extend(self._drop_pins(pid))  # a concurrent turn of the same program had pinned
         if meta.is_last_step or tool in self._terminal_tools:
             if meta.step is not None:
@@ -295,6 +293,7 @@ class ContinuumController:
         now = self.clock()
         plan = StepPlan()
         self.rekeyed.update(tag.meta.program_id for tag in self.residency.step(now, capacity_tokens))
+        self.critical.step(now, capacity_tokens)
         hold_s = self.timings.max_wait_hold_s  # an expired pin whose program has a turn waiting is held longer
 
         def hold(pin: Pin) -> Optional[float]:
@@ -324,6 +323,7 @@ class ContinuumController:
         sparing rules tried in turn), counted under ``reason`` (one of ``SHED_REASONS``; a stale
         pin counts as ``stale``). None when there is none."""
         assert reason in SHED_REASONS, reason
+        spares = self.critical.spares(keep, spares, self.pins)  # a non-critical turn spares critical pins first
         pin = self.pinning.shed(reason, self.clock(), ranked_after=ranked_after, keep=keep, spares=spares)
         if pin is not None:
             self.admission.admission_sheds += reason != "alloc"  # for a blocked turn
@@ -353,6 +353,7 @@ class ContinuumController:
         """The door (``core/door.py``, ``Door.holds_back``, whose keywords ``room`` passes on) for a
         waiting turn; a turn held records it (once per turn)."""
         state = self.programs.get(tag.meta.program_id) if tag.meta.has_program else None
+        capacity_tokens -= self.critical.withheld(state)  # a critical path's unused reserve is not the rest's
         held = self.door.holds_back(tag, state, request_tokens, capacity_tokens, now=self.clock(), **room)
         if held:
             self.residency.held(tag, state, self.clock())  # a first turn binds; a new hold is bounded
@@ -380,20 +381,13 @@ class ContinuumController:
     def snapshot(self) -> dict:
         """Tool statistics plus the model's current signals: what warm start saves and loads,
         and what an operator reads to see why TTLs are what they are."""
-        return {
-            "rules": self.rules.name,
-            "ttl_model": self.ttl_model.name,
-            "tool_stats": self.stats.to_dict(),
-            "signals": self.ttl_model.signals(),
-            "pins": {"live": len(self.pins), "tokens": self.pins.pinned_tokens, "budget": self.pins.budget_tokens},
-            "counters": counter_values(self.counters),
-            "host_pins": self.host.snapshot(),
-            "host_counters": counter_values(self.host.counters),
-            "admission": counter_values(self.admission),
-            "sheds": counter_values(self.sheds),
-            "programs": counter_values(self.program_counters),
-            "identity": counter_values(self.identity),
-        }
+        pins = {"live": len(self.pins), "tokens": self.pins.pinned_tokens, "budget": self.pins.budget_tokens}
+        counts = {"counters": self.counters, "host_counters": self.host.counters, "admission": self.admission}
+        counts.update(sheds=self.sheds, programs=self.program_counters, identity=self.identity)
+        out = {"rules": self.rules.name, "ttl_model": self.ttl_model.name, "tool_stats": self.stats.to_dict()}
+        out.update(signals=self.ttl_model.signals(), pins=pins, host_pins=self.host.snapshot())
+        out.update({name: counter_values(group) for name, group in counts.items()})
+        return {**out, "uploads": self.uploads.snapshot(), "critical": self.critical.snapshot()}
 
     def merge_peer_samples(self, samples: list[Sample]) -> None:
         """Peers' tool samples (``StatsExchange.poll``) into this worker's windows; not shared again."""
@@ -415,6 +409,8 @@ class ContinuumController:
         assert all(self.programs.get(pid) is s for pid, s in self.door.working_set.items()), "working set"
         self.bounded.check_integrity()
         self.silence.check_integrity()
+        self.uploads.check_integrity()
+        self.critical.check_integrity()
 
     # -- internals -----------------------------------------------------------------------
     def _current(self, meta: ProgramMeta, tag: Optional[TurnTag]) -> bool:

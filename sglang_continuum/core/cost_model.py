@@ -187,7 +187,7 @@ class Decision:
     """One TTL decision and every input it read (logged at debug level, counted in ``signals``)."""
 
     ttl: float
-    source: str  # "cold" | "global" | "tool"
+    source: str  # "cold" | "global" | "tool" | "hint" (the learned durations moved by the client's forecast)
     benefit_s: float  # already scaled by return_p
     samples: int  # samples of the CDF read (global samples on a cold start)
     return_p: float = 1.0
@@ -210,9 +210,11 @@ class DecisionCounts:
     global_cdf_zero: int = 0
     tool_cdf: int = 0
     tool_cdf_zero: int = 0
+    hinted: int = 0
+    hinted_zero: int = 0
 
     def add(self, d: Decision) -> None:
-        name = {"cold": "cold", "global": "global_cdf", "tool": "tool_cdf"}[d.source]
+        name = {"cold": "cold", "global": "global_cdf", "tool": "tool_cdf", "hint": "hinted"}[d.source]
         setattr(self, name, getattr(self, name) + 1)
         if d.ttl <= 0:
             setattr(self, name + "_zero", getattr(self, name + "_zero") + 1)
@@ -276,7 +278,11 @@ class CostModelTTL(SignalModel):
         benefit = rho * (self.queue_delay.mean * eta + rebuild)
         cap = self.settings.max_ttl_s
         window, source = self.window_for(query.tool)
-        if window is None:
+        if query.hint_s is not None:  # the client's forecast moves the learned durations (``forecast.py``)
+            hinted = self.forecast.durations(query.tool, query.hint_s)
+            ttl = argmax_sorted(hinted, benefit, cap_s=cap) if benefit > 0 else 0.0
+            source, samples = "hint", hinted.size
+        elif window is None:
             ttl = exp_optimum(benefit, self.cold_mean_s(), cap)
             samples = len(self.stats.global_samples)
         else:
@@ -304,8 +310,12 @@ class CostModelTTL(SignalModel):
         benefit = self.prefill_s(query.context_tokens) - self.reload.seconds(query.context_tokens)
         benefit *= self.stats.return_probability(query.tool)
         window, _ = self.window_for(query.tool)
+        if query.hint_s is not None:
+            samples = self.forecast.durations(query.tool, query.hint_s)
+        else:
+            samples = None if window is None else window.sorted
         return host_ttl(
-            None if window is None else window.sorted,
+            samples,
             elapsed_s,
             benefit,
             self.host_hold_cost,

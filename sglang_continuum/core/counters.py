@@ -23,6 +23,7 @@ class HostCounters:
     offload_failed: int = 0  # no host copy could be made (host pool full of protected copies)
     host_hits: int = 0  # returning turns that loaded their prefix back from host
     host_hit_tokens: int = 0  # tokens loaded back instead of recomputed
+    load_wait_s: float = 0.0  # what those loads cost the returns' own prefill steps (the reload cost)
     host_expired: int = 0
     host_released: int = 0  # next turn admitted, last step, abort, budget, flush
 
@@ -46,11 +47,12 @@ class ShedCounters:
     budget: int = 0  # a new pin of an earlier program needed the pin budget
     stale: int = 0  # ... or any new pin: a pin whose program stayed away past its own usual gaps goes first
     hold_bound: int = 0  # for a blocked turn whose hold bound passed, any pin (its program released)
+    gap: int = 0  # for a blocked turn, a pin whose program's tool call leaves time to serve it (to host and back)
     while_waiting: int = 0  # ... of which the program's next turn was already waiting (a certain hit lost)
     returned: int = 0  # programs whose pin was shed came back (the cost model's pin survival)
 
 
-SHED_REASONS = ("admission", "idle", "alloc", "hold_bound")
+SHED_REASONS = ("admission", "idle", "alloc", "hold_bound", "gap")
 
 
 @dataclass(slots=True)

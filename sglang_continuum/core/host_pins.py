@@ -67,7 +67,9 @@ class HostPins:
             # until that turn is admitted, which releases it
             ttl = self.timings.max_wait_hold_s if state.in_flight > 0 else 0.0
         else:
-            ttl = ttl_model.host_ttl(TTLQuery(state.pending_tool, pin.tokens), now - state.last_finish)
+            ttl = ttl_model.host_ttl(
+                TTLQuery(state.pending_tool, pin.tokens, state.tool_hint_s), now - state.last_finish
+            )
         ttl = min(float(ttl), self.timings.max_host_ttl_s)
         out.ttl = ttl
         if ttl <= 0:
@@ -96,6 +98,7 @@ class HostPins:
         if loaded_tokens > 0:
             self.counters.host_hits += 1
             self.counters.host_hit_tokens += loaded_tokens
+            self.counters.load_wait_s += self.reload_cost.seconds(loaded_tokens) if self.reload_cost else 0.0
         return self.drop(program_id)
 
     def drop(self, program_id: str) -> list[Pin]:

@@ -32,6 +32,12 @@ PROGRAM_ID_KEY = "program_id"
 LAST_STEP_KEY = "is_last_step"
 TOOL_NAME_KEY = "tool_name"
 STEP_KEY = "step"  # optional: the turn's 1-based position in its program
+# Client hints (Tokencake's ``predict_time`` and application graph): how long the tool this turn's
+# output calls should take, the multi-agent application the program belongs to, and whether the
+# program is on that application's critical path.
+TOOL_TIME_KEY = "tool_time_s"
+APP_ID_KEY = "app_id"
+CRITICAL_KEY = "critical"
 # Accepted spellings from other Continuum clients (the vLLM reference uses job_id / is_last_step).
 PROGRAM_ID_ALIASES = (PROGRAM_ID_KEY, "job_id")
 LAST_STEP_ALIASES = (LAST_STEP_KEY, "last_step")
@@ -39,7 +45,15 @@ LAST_STEP_ALIASES = (LAST_STEP_KEY, "last_step")
 # Keys read as well at the top level of an OpenAI request body, where SGLang drops them: the
 # Continuum authors' mini-swe-agent fork (a vLLM client) sends ``job_id`` and ``is_last_step`` there.
 # Only the keys ``custom_params`` takes, so a client's unrelated top-level fields are never read.
-TOP_LEVEL_GROUPS = (PROGRAM_ID_ALIASES, LAST_STEP_ALIASES, (TOOL_NAME_KEY,), (STEP_KEY,))
+TOP_LEVEL_GROUPS = (
+    PROGRAM_ID_ALIASES,
+    LAST_STEP_ALIASES,
+    (TOOL_NAME_KEY,),
+    (STEP_KEY,),
+    (TOOL_TIME_KEY,),
+    (APP_ID_KEY,),
+    (CRITICAL_KEY,),
+)
 
 # Where a request's program id came from (``ProgramMeta.source``; counted per source in /metrics).
 SOURCE_PROGRAM_ID = "program_id"
@@ -66,6 +80,7 @@ _HEX = frozenset("0123456789abcdef")
 MAX_PROGRAM_ID_LEN = 256
 MAX_TOOL_NAME_LEN = 128
 MAX_STEP = 1 << 31
+MAX_TOOL_TIME_S = 3600.0  # a longer hint says nothing a pin or an upload could use
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -78,6 +93,9 @@ class ProgramMeta:
     step: Optional[int] = None
     source: Optional[str] = None  # one of SOURCES; None: program_id if there is one (built by hand)
     announces_end: bool = False  # the client sent a last-step flag: it will say which turn is the last
+    tool_time_s: Optional[float] = None  # the client's forecast of the tool call this turn's output makes
+    app_id: Optional[str] = None  # the multi-agent application the program belongs to
+    critical: bool = False  # the program is on its application's critical path
 
     @property
     def has_program(self) -> bool:
@@ -169,7 +187,7 @@ def _read_bool(value: Any) -> bool:
         return bool(value)
     if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
         return value.strip().lower() in _TRUE
-    raise _Malformed(f"last-step flag must be a boolean, got {_show(value)}")
+    raise _Malformed(f"must be a boolean, got {_show(value)}")
 
 
 def _read_step(value: Any) -> Optional[int]:
@@ -192,6 +210,29 @@ def _read_tool_name(value: Any) -> Optional[str]:
     if not isinstance(value, str) or not value.strip() or not value.strip().isprintable():
         raise _Malformed(f"tool name must be a non-empty printable string, got {_show(value)}")
     return value.strip()[:MAX_TOOL_NAME_LEN]
+
+
+def _read_tool_time(value: Any) -> Optional[float]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise _Malformed(f"tool time must be a number of seconds, got {type(value).__name__}")
+    try:
+        seconds = float(value)
+    except (ValueError, OverflowError):
+        raise _Malformed(f"tool time must be a number of seconds, got {_show(value)}") from None
+    if not 0.0 < seconds <= MAX_TOOL_TIME_S:  # NaN fails both comparisons
+        raise _Malformed(f"tool time must be in (0, {MAX_TOOL_TIME_S:g}] seconds, got {_show(value)}")
+    return seconds
+
+
+def _read_app_id(value: Any) -> Optional[str]:
+    if value is None:
+        return None
+    try:
+        return _read_program_id(value)  # the same rules: a bounded printable name outside the reserved space
+    except _Malformed as exc:
+        raise _Malformed(str(exc).replace("program id", "must be a name:", 1)) from None
 
 
 class MalformedReporter:
@@ -301,7 +342,7 @@ def parse_program_meta(
     try:
         is_last = _read_bool(last_step)
     except _Malformed as exc:
-        report(program_id, str(exc))
+        report(program_id, f"last-step flag {exc}")
         announced = False
     tool_name = None
     try:
@@ -313,6 +354,7 @@ def parse_program_meta(
         step = _read_step(params.get(STEP_KEY))
     except _Malformed as exc:
         report(program_id, str(exc))
+    hints = _read_hints(params, program_id, report)
     return ProgramMeta(
         program_id=program_id,
         is_last_step=is_last,
@@ -320,7 +362,26 @@ def parse_program_meta(
         step=step,
         source=source,
         announces_end=announced,
+        **hints,
     )
+
+
+def _read_hints(params: Mapping[str, Any], program_id: str, report: Callable[[Optional[str], str], None]) -> dict:
+    """The client's hints, each read on its own: a malformed one is reported and left out."""
+    hints: dict[str, Any] = {}
+    for key, field, read in (
+        (TOOL_TIME_KEY, "tool_time_s", _read_tool_time),
+        (APP_ID_KEY, "app_id", _read_app_id),
+        (CRITICAL_KEY, "critical", _read_bool),
+    ):
+        try:
+            value = read(params.get(key))
+        except _Malformed as exc:
+            report(program_id, f"{key}: {exc}")
+            continue
+        if value is not None:
+            hints[field] = value
+    return hints
 
 
 def close_session_id(session_id: Any, scope: Optional[str]) -> Any:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Protocol
 
 import numpy as np
 
@@ -29,6 +29,10 @@ from sglang_continuum.core.ttl import argmax_sorted
 DEFAULT_HOST_BYTES_PER_S = 6e9
 DEFAULT_RELOAD_LATENCY_S = 1e-3
 HOST_PIN_BUDGET_FRACTION = 0.5  # share of the host pool host pins may hold
+
+
+class Reload(Protocol):
+    def seconds(self, tokens: int) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,3 +103,14 @@ def host_ttl(
     if math.isinf(ratio):
         return min(float(rest[-1]), cap_s)
     return argmax_sorted(rest, ratio, cap_s=cap_s)
+
+
+def lends_gap(remaining_s: Optional[float], pin_tokens: int, request_prefill_s: float, reload: Reload) -> bool:
+    """Tokencake's Algorithm 1: whether a pinned program out on a tool call for another
+    ``remaining_s`` (the forecast's median; None: unknown) should give its device memory to a
+    waiting turn that prefills in ``request_prefill_s``: the call must outlast the pin's trip to host
+    and back (``2 * Reload(r)``) by at least that prefill, else there is no window to serve it in."""
+    if remaining_s is None:
+        return False
+    window = remaining_s - 2.0 * reload.seconds(pin_tokens)
+    return window > 0 and request_prefill_s <= window

@@ -67,7 +67,9 @@ class Pinning:
         resident, up to the pins' ceiling (``out.pin``; ``out.release``: later programs' pins pushed out)."""
         pid = state.program_id
         resident = self.door.residency.resident_ttl(tool, now, context_tokens)
-        out.ttl = ttl = min(max(self.ttl_model.ttl(TTLQuery(tool, context_tokens)), resident), self.max_ttl_s)
+        out.ttl = ttl = min(
+            max(self.ttl_model.ttl(TTLQuery(tool, context_tokens, state.tool_hint_s)), resident), self.max_ttl_s
+        )
         state.pin_end = PIN_NONE  # until a pin is stored
         if ttl <= 0:
             logger.debug("continuum: program=%s tool=%s ttl=0; no pin", pid, tool)
@@ -93,6 +95,19 @@ class Pinning:
         for victim in released:  # pins of later programs pushed out of the budget
             self.count_shed(victim, "budget")
         out.release.extend(released)
+
+    def adopt(self, pin: Pin, state: Optional[ProgramState]) -> tuple[bool, list[Pin]]:
+        """A pin made outside a turn's end (a host copy loaded back ahead of its return,
+        ``upload.py``): stored if the budget takes it; the later programs' pins it pushed out."""
+        stored, released = self.pins.add(pin)
+        for victim in released:
+            self.count_shed(victim, "budget")
+        if stored:
+            self.counters.created += 1
+            if state is not None:
+                state.pin_end = PIN_KEPT
+                self.silence.pinned(pin, state)
+        return stored, released
 
     def consume(self, program_id: str) -> Optional[Pin]:
         """A turn of the program was admitted: its pin, if any, is a hit (the turn holds its own lock now)."""
@@ -184,5 +199,7 @@ class Pinning:
         assert c.hits + c.expired + c.shed + c.released + c.flushed + len(self.pins) == c.created, "pin counters"
         self.survival.check_integrity()
         d = self.sheds
-        assert d.admission + d.idle + d.alloc + d.budget + d.stale + d.hold_bound == c.shed, "shed counters by rule"
+        assert d.admission + d.idle + d.alloc + d.budget + d.stale + d.hold_bound + d.gap == c.shed, (
+            "shed counters by rule"
+        )
         assert d.while_waiting <= c.shed, "sheds while waiting"

@@ -61,6 +61,9 @@ class ProgramState:
     in_flight: int = 0
     last_finish: Optional[float] = None
     pending_tool: Optional[str] = None  # tool called by the last finished turn, not yet returned
+    tool_hint_s: Optional[float] = None  # the client's forecast of that call's duration
+    app_id: Optional[str] = None  # the multi-agent application it belongs to (a client hint)
+    critical: bool = False  # on that application's critical path (a client hint, its latest turn's)
     context_tokens: int = 0  # its context as of its latest admitted or finished turn
     first_step: Optional[int] = None  # the client's step number of the first turn seen here
     pin_shed: bool = False  # its last pin was shed (not expired, not hit) and it has not come back yet
@@ -191,10 +194,10 @@ class ProgramRegistry:
         return state
 
     def turn_finished(
-        self, program_id: str, now: float, tool: Optional[str], context_tokens: int
+        self, program_id: str, now: float, tool: Optional[str], context_tokens: int, hint_s: Optional[float] = None
     ) -> Optional[ProgramState]:
         """None for a straggler: a turn of a program already ended or forgotten (it must not
-        bring the program back with a new rank)."""
+        bring the program back with a new rank). ``hint_s``: the client's forecast of the tool call."""
         state = self._programs.get(program_id)
         if state is None:
             return None
@@ -202,7 +205,7 @@ class ProgramRegistry:
         state.turns_finished += 1
         state.in_flight = max(0, state.in_flight - 1)
         state.last_finish = now
-        state.pending_tool = tool
+        state.pending_tool, state.tool_hint_s = tool, hint_s
         if context_tokens > 0:
             self._set_context(state, context_tokens)
         self.watcher.went_out(state, now)

@@ -1,13 +1,15 @@
 """A policy composition (``Rules``): one slot per decision -- the waiting queue's order, the TTL
-model, residency, the door, the wait bound, which pin to shed -- and the policy's time scales,
-selected by name.
+model, residency, the door, the wait bound, which pin to shed, the critical paths' reserve -- and
+the policy's time scales, selected by name.
 
 The product is one composition, ``DEFAULT``: program-level FCFS (``priority.program_fcfs``), the
 paper's cost model (``cost_model.cost_model``), residency with its hold bound
 (``residency.Residency``), the door with its working set (``door.Door``),
 bounded waiting (``bounded_waiting.BoundedWaiting``), stale-then-latest shedding
-(``shedding.Shedding``) and the time scales below. Each slot is a factory the controller calls
-once, so an experiment on any decision is a variant, never an edit of the controller. Research variants -- the paper's ablations, a probe's short lifetimes -- are other
+(``shedding.Shedding``), the critical paths' reserve (``critical.CriticalShare``) and the time
+scales below. Each slot is a factory the controller calls once, so an experiment on any decision
+is a variant, never an edit of the controller. Research variants -- the paper's ablations, a
+probe's short lifetimes -- are other
 compositions, defined in the lab (``continuum_lab.bench.variants``), never switches in the product.
 A server takes one by the ``rules`` setting, ``"package.module:NAME"`` (a ``Rules``, or a function
 returning one, called with the literal keyword arguments written after it:
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING, Callable
 
 from sglang_continuum.core.bounded_waiting import BoundedWaiting
 from sglang_continuum.core.cost_model import cost_model
+from sglang_continuum.core.critical import CriticalShare
 from sglang_continuum.core.door import Door
 from sglang_continuum.core.priority import OrderKey, program_fcfs
 from sglang_continuum.core.programs import PROGRAM_IDLE_TIMEOUT_S
@@ -32,6 +35,7 @@ from sglang_continuum.core.residency import Residency
 from sglang_continuum.core.shedding import Shedding
 
 if TYPE_CHECKING:
+    from sglang_continuum.core.door import WorkingSet
     from sglang_continuum.core.pins import PinTable
     from sglang_continuum.core.programs import ProgramRegistry
     from sglang_continuum.core.silence import Silence
@@ -45,6 +49,7 @@ ResidencyFactory = Callable[..., Residency]
 DoorFactory = Callable[[bool, Residency], Door]  # (admission_control setting, residency) -> the door
 WaitBoundFactory = Callable[[int], BoundedWaiting]  # (max_overtakes setting) -> the wait bound
 SheddingFactory = Callable[["PinTable", "ProgramRegistry", "Silence"], Shedding]
+CriticalFactory = Callable[["ProgramRegistry", "WorkingSet"], CriticalShare]  # the critical paths' reserve
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,7 @@ class Rules:
     door: DoorFactory = Door
     wait_bound: WaitBoundFactory = BoundedWaiting
     shedding: SheddingFactory = Shedding
+    critical: CriticalFactory = CriticalShare
     timings: Timings = field(default_factory=Timings)
 
 

@@ -61,6 +61,8 @@ kv_request_tokens             | gauge     | gauge.kv_request_tokens             
 kv_pinned_reclaimable_tokens  | gauge     | gauge.kv_pinned_reclaimable_tokens  | -                      | -    | KV tokens only pins hold (no running request shares them): counted as used by SGLang, given back to waiting turns by shedding pins.
 tracked_programs              | gauge     | gauge.tracked_programs              | -                      | -    | Programs the registry remembers.
 programs_in_flight            | gauge     | gauge.programs_in_flight            | -                      | -    | Programs in the working set (a turn waiting or running, or out on a tool while pinned, or with HiCache while seen in the last 120 s).
+critical_programs             | gauge     | gauge.critical_programs             | -                      | -    | Programs in flight that their client marked on their multi-agent application's critical path (`critical`).
+critical_reserve_tokens       | gauge     | gauge.critical_reserve_tokens       | -                      | -    | The share of the capacity reserved for critical programs (it grows while the working set fills the capacity, shrinks while it does not; 0 without critical programs): what they do not use of it, the rest may not.
 working_set_tokens            | gauge     | gauge.working_set_tokens            | -                      | -    | Current context tokens of programs in flight.
 working_set_reserved_tokens   | gauge     | gauge.working_set_reserved_tokens   | -                      | -    | Tokens admission control keeps for programs in flight: each at least the expected final context while growth is reserved.
 growth_reserved               | gauge     | gauge.growth_reserved               | -                      | -    | 1 while admission control reserves room for programs to grow to the expected final context; 0 where the engine's price (no host tier) says a lost context is cheaper to rebuild than the batch place its room would hold.
@@ -86,6 +88,7 @@ pins_flushed                  | counter   | counters.flushed                    
 pin_sheds                     | counter   | sheds.admission                     | reason=admission       | -    | Pins of programs ranked after a blocked turn, shed so it could be admitted.
 pin_sheds                     | counter   | sheds.idle                          | reason=idle            | -    | Pins of any rank shed for a blocked turn because the engine would otherwise idle.
 pin_sheds                     | counter   | sheds.hold_bound                    | reason=hold_bound      | -    | Pins of any rank shed for a blocked turn whose hold bound passed: resident programs released, each to take its own turn (one rebuild each: what the bound costs).
+pin_sheds                     | counter   | sheds.gap                           | reason=gap             | -    | Pins of any rank shed for a blocked turn because their program's tool call leaves time to serve it: to host and back before the return (HiCache; Tokencake's Algorithm 1).
 pin_sheds                     | counter   | sheds.alloc                         | reason=alloc           | -    | Pins shed because an allocation would otherwise fail.
 pin_sheds                     | counter   | sheds.budget                        | reason=budget          | -    | Pins of later programs shed for an earlier one's pin.
 pin_sheds                     | counter   | sheds.stale                         | reason=stale           | -    | Pins shed first, whatever their rank and whatever needed the room, because their program (whose client announces no ends) stayed away past its own pace.
@@ -139,12 +142,19 @@ host_hits                     | counter   | host.host_hits                      
 host_hit_tokens               | counter   | host.host_hit_tokens                | -                      | host | Tokens loaded back from host instead of recomputed.
 host_pin_expiries             | counter   | host.host_expired                   | -                      | host | Host pins released at their host TTL.
 host_pin_releases             | counter   | host.host_released                  | -                      | host | Host pins released by return, last step, abort, budget or flush.
+host_load_wait_seconds        | counter   | host.load_wait_s                    | -                      | host | What returning turns' own prefill steps paid for the prefixes they loaded back from host (the reload cost of those tokens): the wait predictive upload removes.
+uploads                       | counter   | uploads.started                     | outcome=started        | host | Host copies loaded back to the device ahead of their program's predicted return (predictive upload).
+uploads                       | counter   | uploads.used                        | outcome=used           | host | Uploads whose program's next turn was admitted while the upload held its prefix on the device.
+uploads                       | counter   | uploads.wasted                      | outcome=wasted         | host | Uploads released (deadline, shed, end) before their program came back.
+uploads                       | counter   | uploads.failed                      | outcome=failed         | host | Uploads SGLang would not start (nothing on host, no device room without evicting).
+upload_tokens                 | counter   | uploads.tokens                      | -                      | host | Tokens uploaded ahead of their program's return.
 """
 
 # The help text of each family whose children a label tells apart (each child's is its row's).
 FAMILY_HELP = {
     "pin_sheds": "Pins released early to make room, by reason (summed over reason: every pin shed).",
     "programs_ended": "Programs that ended, by reason.",
+    "uploads": "Host copies loaded back to the device ahead of their program's return, by outcome.",
     "requests": "Arriving requests, by where their program id came from.",
 }
 

@@ -73,6 +73,11 @@ class ContinuumSettings(BaseModel):
     offload_to_host: bool = Field(
         True, description="an expired or shed pin's prefix goes to host memory, protected for a host TTL"
     )
+    predictive_upload: bool = Field(
+        True,
+        description="a host pin's prefix is loaded back to the device ahead of its program's predicted return, "
+        "when the device has room and the cost model prices the hold below the load it saves",
+    )
     host_bandwidth_bytes_per_s: Optional[float] = Field(
         None,
         gt=0,

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Optional, Protocol
 
 import numpy as np
 
+from sglang_continuum.core.forecast import ToolForecast
 from sglang_continuum.core.tool_stats import ToolStats
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ class TTLSettings(Protocol):
 class TTLQuery:
     tool: str  # tool the finished turn called ("unknown" when it could not be identified)
     context_tokens: int  # tokens the pin would keep (the program's whole context so far)
+    hint_s: Optional[float] = None  # the client's forecast of the call's duration (``forecast.py``)
 
 
 class TTLModel:
@@ -51,6 +53,7 @@ class TTLModel:
     def __init__(self, settings: TTLSettings, stats: ToolStats) -> None:
         self.settings = settings
         self.stats = stats
+        self.forecast = ToolForecast(stats)  # the learned durations, blended with a client's hint
         self.reload: Optional[Reload] = None  # set when a host tier (HiCache) is attached
         self.host_hold_cost = 1.0
         self.max_host_ttl_s = 0.0  # the longest host TTL (with a host tier)
@@ -70,6 +73,10 @@ class TTLModel:
 
     def rebuild_s(self, context_tokens: int) -> float:
         """Seconds a device miss costs besides queueing (recompute, or reload from host)."""
+        return 0.0
+
+    def prefill_s(self, context_tokens: int) -> float:
+        """Seconds to prefill ``context_tokens`` from nothing (0: the model does not price it)."""
         return 0.0
 
     def read_engine(self, engine: "EngineTime") -> None:

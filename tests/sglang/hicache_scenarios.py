@@ -149,6 +149,63 @@ def without_continuum_the_same_sequence_recomputes(tiny_model, write_policy):
     assert_nothing_held(driver.s.tree_cache)
 
 
+def hinted_return_finds_its_prefix_uploaded(tiny_model, write_policy):
+    """Predictive upload: P's turn 1 says its tool takes 3 s (``tool_time_s``); its pin expires and
+    its prefix is evicted to host; once the fillers are done the host copy is loaded back ahead of
+    the return (another request's prefill batch runs the copy), so turn 2 finds its whole context on
+    the device and loads nothing on its own path."""
+    driver = scheduler(tiny_model, "continuum", write_policy, {})
+    cache = driver.s.tree_cache
+    uploads = cache.controller.uploads
+    rng = random.Random(11)
+    ctx = tokens(rng, 300)
+    hint = {"program_id": "P", "tool_name": "t", "tool_time_s": 3.0}
+    r1 = driver.submit(ctx, max_new_tokens=8, custom_params=hint)
+    driver.run_until_idle()
+    node = cache.controller.pins.get("P").handle.node
+    idle_steps(driver, TTL_S + 0.2)
+    assert cache.controller.host.pins.get("P") is not None
+    cache.writing_check(write_back=True)
+    fill_device(driver, rng)
+    assert uploads.counters.started == 0 or cache.host_tier.on_device(node)
+    idle_steps(driver, 0.2)  # no turn waits: the upload is priced free and queued
+    assert uploads.counters.started == 1 and "P" in cache.controller.pins and "P" not in cache.controller.host.pins
+    driver.submit(tokens(rng, 40), max_new_tokens=2)  # another prefill batch starts the copy
+    driver.run_until_idle()
+    assert not cache.cache_controller.load_queue and cache.host_tier.on_device(node)
+    idle_steps(driver, 2.0)
+    previous = ctx + driver.output_ids(r1)
+    r2 = driver.submit(
+        previous + tokens(rng, 20), max_new_tokens=4, custom_params={"program_id": "P", "is_last_step": True}
+    )
+    driver.run_until_idle()
+    turn2 = driver.req(r2)
+    assert turn2.host_loaded_length == 0, "the return loaded its prefix itself"
+    assert turn2.cached_tokens == len(previous) - 1
+    driver.step()
+    assert uploads.counters.used == 1 and uploads.counters.wasted == 0
+    cache.check_integrity()
+    assert_nothing_held(cache)
+
+
+def unhinted_cold_return_loads_its_prefix_itself(tiny_model, write_policy):
+    """Without a hint and with no tool times learned yet, nothing is uploaded: SGLang's reactive
+    load-back, as before predictive upload."""
+    driver = scheduler(tiny_model, "continuum", write_policy, {})
+    cache = driver.s.tree_cache
+    rng = random.Random(11)
+
+    def gap():
+        idle_steps(driver, TTL_S + 0.2)
+        cache.writing_check(write_back=True)
+        fill_device(driver, rng)
+        idle_steps(driver, 1.0)
+
+    previous, turn2 = program_turns(driver, rng, "P", gap=gap)
+    assert cache.controller.uploads.counters.started == 0
+    assert turn2.host_loaded_length > 0
+
+
 if __name__ == "__main__":
     scenario, model, policy = sys.argv[1:4]
     globals()[scenario](model, policy)

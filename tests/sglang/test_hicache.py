@@ -34,3 +34,12 @@ def test_expired_pin_goes_to_host_and_next_turn_loads_it_back(tiny_model, write_
 def test_without_continuum_the_same_sequence_recomputes(tiny_model):
     # write_through_selective backs a prefix up only on its second use: plain fcfs drops it
     run_scenario("without_continuum_the_same_sequence_recomputes", tiny_model, "write_through_selective")
+
+
+@pytest.mark.parametrize("write_policy", ["write_through", "write_back"])
+def test_hinted_return_finds_its_prefix_uploaded(tiny_model, write_policy):
+    run_scenario("hinted_return_finds_its_prefix_uploaded", tiny_model, write_policy)
+
+
+def test_unhinted_cold_return_loads_its_prefix_itself(tiny_model):
+    run_scenario("unhinted_cold_return_loads_its_prefix_itself", tiny_model, "write_through")

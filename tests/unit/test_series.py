@@ -126,7 +126,7 @@ def test_every_child_is_exported_from_the_start_with_the_schedulers_labels(tmp_p
     samples = _collect(tmp_path, script)
     assert {(s.labels.get("model_name"), s.labels.get("dp_rank")) for s in samples} == {("tiny", "1")}
     sheds = {s.labels["reason"]: s.value for s in samples if s.name == "sglang:continuum_pin_sheds_total"}
-    assert sheds == {"admission": 0, "idle": 0, "hold_bound": 0, "alloc": 1, "budget": 0, "stale": 0}
+    assert sheds == {"admission": 0, "idle": 0, "hold_bound": 0, "alloc": 1, "budget": 0, "stale": 0, "gap": 0}
     sources = {s.labels["id_source"] for s in samples if s.name == "sglang:continuum_requests_total"}
     assert sources == {"program_id", "session_id", "routing_key", "inferred", "first_turn", "none"}
     keys = {

@@ -110,7 +110,8 @@ def test_every_decision_exports_its_inputs(caplog):
     assert d.benefit_s == pytest.approx(0.75)
     signals = m.signals()
     assert signals["decisions"] == {
-        "cold": 1, "cold_zero": 1, "global_cdf": 0, "global_cdf_zero": 0, "tool_cdf": 1, "tool_cdf_zero": 0
+        "cold": 1, "cold_zero": 1, "global_cdf": 0, "global_cdf_zero": 0, "tool_cdf": 1, "tool_cdf_zero": 0,
+        "hinted": 0, "hinted_zero": 0
     }  # fmt: skip
     assert signals["last_decision"]["ttl"] == pytest.approx(0.3)
     lines = [r.getMessage() for r in caplog.records if "ttl decision" in r.getMessage()]
