@@ -55,31 +55,17 @@ def continuum_custom_params(
     return params
 
 
-def continuum_extra_body(
-    program_id: str | int,
-    *,
-    last_step: bool = False,
-    tool_name: Optional[str] = None,
-    step: Optional[int] = None,
-    tool_time_s: Optional[float] = None,
-    app_id: Optional[str] = None,
-    critical: Optional[bool] = None,
-    **extra: Any,
-) -> dict:
-    """``extra_body`` for the OpenAI client; ``extra`` adds other SGLang fields (e.g. ignore_eos)."""
-    body = dict(extra)
+# continuum_custom_params' keywords: continuum_extra_body hands these to it, the rest to SGLang
+METADATA_ARGS = ("last_step", "tool_name", "step", "tool_time_s", "app_id", "critical")
+
+
+def continuum_extra_body(program_id: str | int, **fields: Any) -> dict:
+    """``extra_body`` for the OpenAI client: the ``METADATA_ARGS`` among ``fields`` go to
+    ``continuum_custom_params``, the others are SGLang fields of the body (e.g. ignore_eos)."""
+    meta = {name: fields.pop(name) for name in METADATA_ARGS if name in fields}
+    body = dict(fields)
     custom = dict(body.pop("custom_params", None) or {})
-    custom.update(
-        continuum_custom_params(
-            program_id,
-            last_step=last_step,
-            tool_name=tool_name,
-            step=step,
-            tool_time_s=tool_time_s,
-            app_id=app_id,
-            critical=critical,
-        )
-    )
+    custom.update(continuum_custom_params(program_id, **meta))
     body["custom_params"] = custom
     return body
 

@@ -163,3 +163,14 @@ def test_shedding_for_a_non_critical_turn_spares_critical_pins_first():
     order = [c.shed("idle", keep="late").program_id, c.shed("idle", keep="late").program_id]
     assert order == ["plain", "crit"]  # the critical pin went last
     assert np.isclose(c.critical.ratio, 0.0)
+
+
+def test_the_client_helpers_send_the_hints_the_server_reads():
+    from sglang_continuum.client import continuum_extra_body
+
+    body = continuum_extra_body("run-1", tool_name="bash", tool_time_s=2, app_id="app", critical=True, ignore_eos=True)
+    assert body["ignore_eos"] is True and "tool_time_s" not in body
+    meta = parse_program_meta(body["custom_params"])
+    assert (meta.program_id, meta.tool_name, meta.tool_time_s, meta.app_id, meta.critical) == (
+        "run-1", "bash", 2.0, "app", True
+    )  # fmt: skip
