@@ -19,19 +19,28 @@ if [ "$#" -gt 0 ]; then
   pytest "$@"
   exit
 fi
-# The end-to-end tier runs beside the other two: its servers spend much of their wall time waiting
-# (start-up, tool gaps, pins running out), which the in-process tiers fill. Its output follows theirs.
-E2E_LOG="$(mktemp)"
-trap 'rm -f "$E2E_LOG"' EXIT
-# the fleet tests start servers of their own: they even out the two halves' wall time
-BESIDE=tests/e2e/test_fleet.py
-pytest tests/e2e --ignore="$BESIDE" > "$E2E_LOG" 2>&1 &
-E2E=$!
+# The end-to-end tier runs beside the other two, itself in two processes: its servers spend much of
+# their wall time waiting (start-up, tool gaps, pins running out, probes' windows), which the others
+# fill. One process has the tests of the session's shared continuum server (tests/e2e/conftest.py:
+# one start-up for all of them), the other the files whose servers are their own (OWN below; a new
+# file goes with the shared server unless listed). Their output follows the in-process tiers'.
+OWN=(tests/e2e/test_reliability.py tests/e2e/test_fleet.py tests/e2e/test_agents.py
+  tests/e2e/test_bench_serving.py tests/e2e/test_program_scope.py)
+SHARED_LOG="$(mktemp)" OWN_LOG="$(mktemp)"
+trap 'rm -f "$SHARED_LOG" "$OWN_LOG"' EXIT
+pytest tests/e2e "${OWN[@]/#/--ignore=}" > "$SHARED_LOG" 2>&1 &
+SHARED=$!
+pytest "${OWN[@]}" > "$OWN_LOG" 2>&1 &
+OWNED=$!
 status=0
-pytest tests/unit tests/lab tests/sglang "$BESIDE" || status=$?
-e2e_status=0
-wait "$E2E" || e2e_status=$?
-echo "[test] end-to-end tier (tests/e2e but $BESIDE):"
-cat "$E2E_LOG"
-echo "[test] unit, lab and SGLang tiers and $BESIDE: exit $status; the rest of the end-to-end tier: exit $e2e_status"
-[ "$status" -eq 0 ] && [ "$e2e_status" -eq 0 ]
+pytest tests/unit tests/lab tests/sglang || status=$?
+shared_status=0 own_status=0
+wait "$SHARED" || shared_status=$?
+wait "$OWNED" || own_status=$?
+echo "[test] end-to-end tier, the shared server's half (tests/e2e but ${OWN[*]}):"
+cat "$SHARED_LOG"
+echo "[test] end-to-end tier, the files with servers of their own (${OWN[*]}):"
+cat "$OWN_LOG"
+echo "[test] unit, lab and SGLang tiers: exit $status; end-to-end, shared server: exit $shared_status;" \
+  "end-to-end, own servers: exit $own_status"
+[ "$status" -eq 0 ] && [ "$shared_status" -eq 0 ] && [ "$own_status" -eq 0 ]

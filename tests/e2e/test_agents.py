@@ -8,9 +8,9 @@ import pytest
 from continuum_lab.bench.attribution import read_log
 from continuum_lab.cli.agents.fleet import run_fleet
 from continuum_lab.cli.agents.tasks import IDENTITY_SERIES, load_tasks
-from continuum_lab.harness.server import SGLangServer
 from continuum_lab.workloads.importer import import_files
 from sglang_continuum.client.mini_swe_agent import release_program
+from tests.e2e.conftest import serving
 from tests.support import fixed_ttl_env
 
 pytestmark = pytest.mark.e2e
@@ -39,7 +39,7 @@ def agents_server(tiny_model, tmp_path_factory, attribution_log):
         "--enable-metrics",
         "--enable-cache-report",
     ]
-    with SGLangServer(tiny_model, args, env=env, log_path=log) as srv:
+    with serving(tiny_model, args, env=env, log_path=log) as srv:
         yield srv
 
 

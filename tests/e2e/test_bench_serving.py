@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from continuum_lab.harness.server import SGLangServer, parse_metrics
-from tests.e2e.conftest import ARGS
+from continuum_lab.harness.server import parse_metrics
+from tests.e2e.conftest import ARGS, serving
 from tests.support import fixed_ttl_env
 
 pytestmark = pytest.mark.e2e
@@ -26,7 +26,7 @@ def server(tiny_model, tmp_path_factory):
     """Its own server, so the settings are known: fixed short TTL, inference on (the default)."""
     log = tmp_path_factory.mktemp("logs") / "bench-serving.log"
     env = fixed_ttl_env(TTL_S)
-    with SGLangServer(tiny_model, ["--schedule-policy", "continuum", *ARGS], env=env, log_path=log) as srv:
+    with serving(tiny_model, ["--schedule-policy", "continuum", *ARGS], env=env, log_path=log) as srv:
         yield srv
 
 

@@ -11,8 +11,8 @@ import pytest
 
 from continuum_lab.bench.replay import Replayer, replay
 from continuum_lab.harness.fleet import Fleet, SmgRouter, fleet_summary, worker_table
-from continuum_lab.harness.server import SGLangServer, parse_metrics
-from tests.e2e.conftest import ARGS
+from continuum_lab.harness.server import parse_metrics
+from tests.e2e.conftest import ARGS, serving
 from tests.e2e.test_bench import tiny_workload
 from tests.support import fixed_ttl_env
 
@@ -30,6 +30,8 @@ def fleet(tiny_model, tmp_path_factory):
     logs = tmp_path_factory.mktemp("fleet")
     with Fleet(tiny_model, ["--schedule-policy", "continuum", *FLEET_ARGS], workers=2, env=env, log_dir=logs) as f:
         yield f
+        for worker in f.workers:  # they keep nothing: stopped at once (a graceful stop waits ~5 s)
+            worker.stop(graceful=False)
 
 
 def scrape(url: str) -> dict[str, float]:
@@ -96,7 +98,7 @@ def test_dp_ranks_keep_a_program_on_one_rank(tiny_model, tmp_path):
         "SGLANG_CPU_OMP_THREADS_BIND": f"{cores[0]}|{cores[-1]}",
     }
     args = ["--schedule-policy", "continuum", "--dp-size", "2", "--load-balance-method", "round_robin", *ARGS]
-    with SGLangServer(tiny_model, args, env=env, log_path=tmp_path / "dp.log") as srv:
+    with serving(tiny_model, args, env=env, log_path=tmp_path / "dp.log") as srv:
         before = parse_metrics(srv.metrics())
         result = replay(srv.url, tiny_workload(n=6, turns=3), jps=4.0, seed=6)
         after = parse_metrics(srv.metrics())

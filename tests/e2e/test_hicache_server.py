@@ -13,8 +13,9 @@ import httpx
 import pytest
 
 from continuum_lab.bench.policies import HICACHE_CPU_FLAGS
-from continuum_lab.harness.server import SGLangServer, parse_metrics
+from continuum_lab.harness.server import parse_metrics
 from sglang_continuum.client import continuum_custom_params
+from tests.e2e.conftest import serving
 from tests.support import fixed_ttl_env
 
 pytestmark = pytest.mark.e2e
@@ -29,6 +30,15 @@ def generate(client: httpx.Client, ids: list[int], max_new: int, **meta) -> dict
     r = client.post("/generate", json={"input_ids": ids, "sampling_params": sp})
     r.raise_for_status()
     return r.json()
+
+
+def offloaded(client: httpx.Client, n: int, timeout_s: float = 20.0) -> None:
+    """Until ``n`` pins have gone to host (``offloads_total``), at most ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while parse_metrics(client.get("/metrics").text).get("sglang:continuum_offloads_total", 0) < n:
+        if time.monotonic() > deadline:
+            return  # the assertions below say what did not happen
+        time.sleep(0.1)
 
 
 def test_three_turn_program_gets_its_prefix_back_from_host(tiny_model, tmp_path):
@@ -48,7 +58,7 @@ def test_three_turn_program_gets_its_prefix_back_from_host(tiny_model, tmp_path)
     rng = random.Random(0)
     ids = lambda n: [rng.randrange(5, 500) for _ in range(n)]  # noqa: E731
     with (
-        SGLangServer(tiny_model, args, env=env, log_path=tmp_path / "server.log") as srv,
+        serving(tiny_model, args, env=env, log_path=tmp_path / "server.log") as srv,
         httpx.Client(base_url=srv.url, timeout=120) as client,
     ):
         context = ids(500)
@@ -61,6 +71,9 @@ def test_three_turn_program_gets_its_prefix_back_from_host(tiny_model, tmp_path)
             if last:
                 break
             time.sleep(TTL_S + 0.5)  # the tool outlives the TTL: the pin expires and is offloaded
+            # ... which the idle loop does within about a second, later on a loaded machine: the tool
+            # lasts until /metrics shows it (else the fillers below would meet the pin still held)
+            offloaded(client, turn + 1)
             for _ in range(4):  # other programs push the prefix off the device
                 generate(client, ids(600), 2)
             context = context + out["output_ids"] + ids(30)

@@ -6,10 +6,10 @@ pin survives, and only its own tenant's ``/close_session`` releases it."""
 import httpx
 import pytest
 
-from continuum_lab.harness.server import SGLangServer, parse_metrics
+from continuum_lab.harness.server import parse_metrics
 from sglang_continuum.client.params import RELEASE_PATH, release_body
 from sglang_continuum.core.metadata import RESERVED_PREFIX, SCOPE_KEY, scope_of, scoped_program_id
-from tests.e2e.conftest import ARGS
+from tests.e2e.conftest import ARGS, serving
 from tests.e2e.test_server import text, wait_for_metrics
 from tests.support import fixed_ttl_env
 
@@ -23,7 +23,7 @@ RELEASED = 'sglang:continuum_programs_ended_total{reason="closed"}'
 def scoped_server(tiny_model, tmp_path_factory):
     log = tmp_path_factory.mktemp("logs") / "scoped.log"
     env = {**fixed_ttl_env(60), "SGLANG_CONTINUUM_PROGRAM_SCOPE_HEADER": HEADER}
-    with SGLangServer(tiny_model, ["--schedule-policy", "continuum", *ARGS], env=env, log_path=log) as srv:
+    with serving(tiny_model, ["--schedule-policy", "continuum", *ARGS], env=env, log_path=log) as srv:
         yield srv
 
 

@@ -9,7 +9,7 @@ from openai import OpenAI
 from continuum_lab.harness.server import SGLangServer, parse_metrics
 from sglang_continuum.client import continuum_extra_body
 from sglang_continuum.client.params import RELEASE_PATH, release_body
-from tests.e2e.conftest import ARGS, POOL
+from tests.e2e.conftest import ARGS, POOL, serving
 from tests.support import variant_rules
 
 pytestmark = pytest.mark.e2e
@@ -59,7 +59,7 @@ def test_second_turn_hits_under_continuum_and_misses_under_fcfs(continuum_server
     assert after["sglang:continuum_pins_created_total"] >= 1
     assert after["sglang:continuum_pinned_programs"] == 0  # last step released everything
 
-    with SGLangServer(tiny_model, ["--schedule-policy", "fcfs", *ARGS], log_path=tmp_path / "fcfs.log") as fcfs:
+    with serving(tiny_model, ["--schedule-policy", "fcfs", *ARGS], log_path=tmp_path / "fcfs.log") as fcfs:
         f1, f2 = two_turn_program(fcfs.url)
         assert "sglang:continuum_" not in fcfs.metrics()  # other policies: SGLang as it was
     assert f2.usage.prompt_tokens_details.cached_tokens < f1.usage.prompt_tokens
