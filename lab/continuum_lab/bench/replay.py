@@ -192,6 +192,17 @@ def shared_prompt_key(program: Program, turn: int) -> Optional[str]:
     return f"group:{program.group}" if turn == 0 and program.group is not None else None
 
 
+def hinted(hints: Optional[dict[str, dict]], program: Program, turn: int) -> dict:
+    """The client hints a turn carries (``continuum_custom_params``' ``app_id``, ``critical`` and
+    ``tool_time_s``): none unless ``hints`` names the program (``bench/applications.py``); the tool
+    time only on a turn that calls a tool (the server reads none of 0 s)."""
+    extra = (hints or {}).get(program.program_id)
+    if extra is None:
+        return {}
+    seconds = program.turns[turn].tool_duration_s
+    return {**extra, **({"tool_time_s": seconds} if seconds > 0 else {})}
+
+
 # what a client tells the server about a turn's program: everything (program id, last step, tool, in
 # ``custom_params`` and ``session_id``), only SGLang's routing key (what smg and the OpenAI endpoints
 # carry: an agent that changes nothing behind a router), or nothing (the program is inferred)
@@ -245,6 +256,7 @@ class Replayer:
         self.client_timeout_s = client_timeout_s  # for a try's first token; 0: wait forever
         self.client_retries = client_retries
         self.transport = transport  # an in-process server instead of the network
+        self.hints: Optional[dict[str, dict]] = None  # program id -> its application hints (``hinted``)
         self.t0 = 0.0
 
     def _now(self) -> float:
@@ -253,7 +265,9 @@ class Replayer:
     def _body(self, program: Program, i: int, ids: list[int]) -> tuple[str, dict, dict]:
         turn = program.turns[i]
         last = i == len(program.turns) - 1
-        custom = continuum_custom_params(program.program_id, last_step=last, tool_name=turn.tool, step=i + 1)
+        custom = continuum_custom_params(
+            program.program_id, last_step=last, tool_name=turn.tool, step=i + 1, **hinted(self.hints, program, i)
+        )
         headers = routing_headers(program.program_id) if self.identity != "none" else {}
         if self.api == "sglang":
             body = {

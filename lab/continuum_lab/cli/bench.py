@@ -79,6 +79,12 @@ from continuum_lab.bench.replay import (
 )
 from continuum_lab.bench.report import emulated_loops, markdown_table, plots, summarize
 from continuum_lab.bench.seeds import aggregate, collapsed_flags, headline, run_order, seeds_table
+from continuum_lab.cli.bench_applications import (
+    add_application_arguments,
+    application_programs,
+    check_application_arguments,
+    run_applications,
+)
 from continuum_lab.cli.bench_rollout import (
     add_rollout_arguments,
     check_rollout_arguments,
@@ -172,11 +178,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         "--client-retries", type=int, default=OPENAI_CLIENT_RETRIES, help="...and resends a turn this often"
     )
     add_rollout_arguments(ap)
+    add_application_arguments(ap)
     ap.add_argument("--out", type=Path, default=Path("out/bench"))
     args = ap.parse_args(argv)
     if args.client_timeout_s < 0 or args.client_retries < 0:
         ap.error("--client-timeout-s and --client-retries must not be negative")
     check_rollout_arguments(ap, args)
+    check_application_arguments(ap, args)
     if args.sessions and (args.url or args.workers > 1):
         ap.error("--sessions starts one server (or emulates one) per run: it excludes --url and --workers")
     if args.emulate and args.url:
@@ -185,7 +193,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         ap.error("--workers starts servers: it excludes --emulate and --url")
 
     seeds = [int(x) for x in args.seeds.split(",") if x.strip()] or [args.seed]
-    programs = rollout_programs(args, seeds[0]) if args.rollout else load_workload(args.workload)
+    programs = (
+        rollout_programs(args, seeds[0])
+        if args.rollout
+        else application_programs(args)
+        if args.applications
+        else load_workload(args.workload)
+    )
     if args.programs:
         programs = programs[: args.programs]
     try:
@@ -224,6 +238,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.rollout:
         return run_rollout(args, policies, seeds, pool, common, extra_env, latency, _command(argv))
+    if args.applications:
+        return run_applications(args, policies, seeds, pool, common, extra_env, latency, _command(argv))
     total_turns = sum(len(p.turns) for p in programs)
     print(
         f"workload {args.workload}: {len(programs)} programs, {total_turns} turns; KV pool {pool} tokens "

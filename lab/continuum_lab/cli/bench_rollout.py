@@ -49,8 +49,8 @@ def add_rollout_arguments(ap) -> None:
 
 def check_rollout_arguments(ap, args) -> None:
     if not args.rollout:
-        if args.workload is None:
-            ap.error("--workload is required (or --rollout GxN, which draws its own programs)")
+        if args.workload is None and not args.applications:
+            ap.error("--workload is required (or --rollout GxN, which draws its own programs, or --applications)")
         return
     try:
         parse_shape(args.rollout)

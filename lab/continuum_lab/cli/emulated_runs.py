@@ -41,10 +41,12 @@ def emulated_runs(grid, args, pool: int, extra_env: dict, workloads: Optional[di
     forks = multiprocessing.get_context("forkserver")
     forks.set_forkserver_preload(["continuum_lab.emulator.preload"])
     rollout = getattr(args, "rollout", "")
+    applications = getattr(args, "applications", None)
 
     def one(cell) -> dict:
         repeat, seed, jps, policy = cell  # with --sessions, ``jps`` is the session count
         load = f"n{jps:g}" if args.sessions else f"rollout{rollout}" if rollout else f"{jps:g}"
+        load = f"aps{jps:g}" if applications else load
         out = args.out / "runs" / f"{policy}-{load}-s{seed}-r{repeat}.json"
         workload = workloads[seed] if workloads else getattr(args, "run_workload", None) or args.workload
         cmd = [
@@ -59,6 +61,9 @@ def emulated_runs(grid, args, pool: int, extra_env: dict, workloads: Optional[di
             cmd[cmd.index("--jps") : cmd.index("--jps") + 2] = ["--jps", "0", "--sessions", str(int(jps))]
             cmd += ["--window-s", str(args.window_s), "--warmup-s", str(args.warmup_s)]
             cmd += [] if args.max_gap_s is None else ["--max-gap-s", str(args.max_gap_s)]
+        if applications:  # agents started as their dependencies end, applications at ``jps`` per second
+            cmd[0:2] = ["--applications", str(applications), "--kv-sample-s", str(args.kv_sample_s)]
+            cmd += ["--hints"] if args.hints else []
         if rollout:  # every program at once (``jps`` 0), until the last ends or the time limit
             cmd += ["--until-s", str(args.rollout_limit_s)]
         log_path = attribution_path(args, policy, f"{jps:g}", seed, repeat)

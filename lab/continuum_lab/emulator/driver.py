@@ -3,7 +3,9 @@
 Programs arrive as the same seeded Poisson process as ``bench/replay.py`` (``arrival_times``; at
 rate 0 all at once: an RL rollout step, ``continuum-bench --rollout``), or (``run_sessions``, the
 field's protocol in ``bench/sessions.py``) N sessions stay in flight for a fixed window, a
-finished one replaced at once by the next. A program sends its first turn on arrival; each later
+finished one replaced at once by the next, or (``run_applications``) multi-agent applications
+arrive at that rate, each agent a program started when its dependencies have ended
+(``bench/applications.py``). A program sends its first turn on arrival; each later
 turn is sent when the previous one finished plus that turn's tool duration; the last turn carries
 ``is_last_step``. Between sends the real scheduler steps, and every step moves the virtual clock
 by the profile's latency for the batch it ran. Nothing reads wall time, so the same inputs give
@@ -29,6 +31,7 @@ from typing import Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
+from continuum_lab.bench.applications import AgentStarts
 from continuum_lab.bench.attribution import retry_rid
 from continuum_lab.bench.replay import (
     IDENTITIES,
@@ -36,6 +39,7 @@ from continuum_lab.bench.replay import (
     ReplayResult,
     TurnRecord,
     arrival_times,
+    hinted,
     program_seed,
     shared_prompt_key,
     timeout_error,
@@ -100,6 +104,7 @@ class ClosedLoopDriver:
         on_mark: Optional[Callable[[float], None]] = None,
         client_timeout_s: float = 0.0,
         client_retries: int = 0,
+        kv_every_s: float = 0.0,
     ) -> None:
         if vocab > engine.ACCOUNTING_VOCAB:
             raise ValueError(f"vocab {vocab} exceeds the accounting model's {engine.ACCOUNTING_VOCAB}")
@@ -132,6 +137,11 @@ class ClosedLoopDriver:
         self._states: list[_Program] = []
         self._sessions: Optional[Iterator[Program]] = None  # the next sessions (run_sessions)
         self.counters_at: dict[float, dict] = {}  # mark -> cumulative counters then
+        self.hints: Optional[dict[str, dict]] = None  # program id -> its application hints (``hinted``)
+        self.on_program_end: Optional[Callable[[Program, float], None]] = None  # (program, when) as it ends
+        self.kv_every_s = kv_every_s  # > 0: sample the KV pool's use this often (virtual s)
+        self.kv_samples: list[list[float]] = []  # [t, used share, occupied share] (``_sample_kv``)
+        self._next_kv = 0.0
 
     # -- events ---------------------------------------------------------------------------
     def _schedule(self, at: float, index: int, rid: Optional[str] = None) -> None:
@@ -156,7 +166,9 @@ class ClosedLoopDriver:
         turn = spec.turns[i]
         last = i == len(spec.turns) - 1
         custom = (
-            continuum_custom_params(spec.program_id, last_step=last, tool_name=turn.tool, step=i + 1)
+            continuum_custom_params(
+                spec.program_id, last_step=last, tool_name=turn.tool, step=i + 1, **hinted(self.hints, spec, i)
+            )
             if self.send_program_id
             else None
         )
@@ -235,6 +247,8 @@ class ClosedLoopDriver:
             program.context = []  # the driver keeps no finished context
             if self.close_sessions and self.send_program_id:
                 engine.close_session(self.s, program.spec.program_id)
+            if self.on_program_end is not None:
+                self.on_program_end(program.spec, now)
             if self._sessions is not None:
                 self._start(next(self._sessions), now)
 
@@ -261,6 +275,26 @@ class ClosedLoopDriver:
         unfinished, as ``run_sessions`` leaves them)."""
         for p, a in zip(programs, arrival_times(len(programs), jps, self.seed)):
             self._start(p, a)
+        return self._run_started(until)
+
+    def run_applications(self, apps, aps: float, *, hints: bool = False) -> ReplayResult:
+        """Multi-agent applications (``workloads/applications.py``) arriving as a Poisson process
+        at ``aps``: an agent is a program started when its dependencies have ended
+        (``bench/applications.AgentStarts``); returns when every started agent has ended."""
+        starts = AgentStarts(apps, aps, self.seed)
+        if hints:
+            self.hints = starts.hints
+
+        def start_dependents(spec: Program, at: float) -> None:
+            for ready in starts.ended(spec.program_id):
+                self._start(ready, at)
+
+        self.on_program_end = start_dependents
+        for at, program in starts.roots():
+            self._start(program, at)
+        return self._run_started(None)
+
+    def _run_started(self, until: Optional[float]) -> ReplayResult:
         start = self.clock()
         self._loop(start, until=None if until is None else start + until)
         self._drop_stale_deadlines()
@@ -305,11 +339,7 @@ class ClosedLoopDriver:
         idle_with_work = 0.0
         while until is None or self.clock() < until:
             now = self.clock()
-            while self._marks and now - start >= self._marks[0]:
-                mark = self._marks.pop(0)
-                self.counters_at[mark] = self.counters()
-                if self.on_mark is not None:
-                    self.on_mark(mark)
+            self._observe(now - start)
             self._drop_stale_deadlines()
             while self._events and self._events[0][0] <= now:
                 at, _, index, rid = heapq.heappop(self._events)
@@ -361,6 +391,25 @@ class ClosedLoopDriver:
                 launched = None
             loop.end_iteration(self.s, batch, launched.entry if launched else None, idle=False)
             in_flight = launched
+
+    def _observe(self, t: float) -> None:
+        """``t`` s after the start: the marks it passed (``on_mark``), and a KV sample when one is due."""
+        while self._marks and t >= self._marks[0]:
+            mark = self._marks.pop(0)
+            self.counters_at[mark] = self.counters()
+            if self.on_mark is not None:
+                self.on_mark(mark)
+        if self.kv_every_s and t >= self._next_kv:
+            self._sample_kv(t)
+
+    def _sample_kv(self, t: float) -> None:
+        """The pool's share held by requests and pins (SGLang's ``token_usage``: neither free nor
+        evictable) and its share holding any KV (evictable cache too)."""
+        pool = engine.pool_accounting(self.s)
+        total = max(1, pool["total"])
+        used = (total - pool["available"] - pool["evictable"]) / total
+        self.kv_samples.append([round(t, 3), round(used, 4), round((total - pool["available"]) / total, 4)])
+        self._next_kv = t + self.kv_every_s
 
     def _launch(self, batch, now: float, after: float) -> "_Launched":
         """Launch ``batch`` (selected at ``now``); its forward starts once the one in flight

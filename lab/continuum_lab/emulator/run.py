@@ -26,7 +26,7 @@ import orjson
 
 
 def emulate(
-    workload: Path,
+    workload: Optional[Path],
     policy: str,
     profile_path: Path,
     *,
@@ -44,18 +44,31 @@ def emulate(
     until_s: Optional[float] = None,
     client_timeout_s: float = 0.0,
     client_retries: int = 0,
+    applications: Optional[Path] = None,
+    hints: bool = False,
+    kv_every_s: float = 0.0,
 ) -> dict:
     """One run. ``sessions`` (a ``bench.sessions.SessionsProtocol``): N sessions in flight for a
     fixed window instead of Poisson arrivals at ``jps``; the run's JSON then has ``sessions``.
     ``until_s``: stop there, programs unfinished or not (an RL rollout step's time limit).
     ``client_timeout_s``/``client_retries``: when a client gives up on a try and how often it
-    resends a turn (``bench/replay.py``; 0: it waits forever); with ``sessions``, the protocol's."""
+    resends a turn (``bench/replay.py``; 0: it waits forever); with ``sessions``, the protocol's.
+    ``applications``: multi-agent applications (``workloads/applications.py``) arriving at ``jps``
+    per second instead of ``workload``'s programs, with their client hints if ``hints``;
+    ``kv_every_s`` > 0: the run's JSON has the KV pool's use that often (``kv_samples``)."""
     from continuum_lab.bench.events import read_admission_log, summarize_admissions
     from continuum_lab.bench.policies import parse_policy, policy_named, tlru_config
     from continuum_lab.workloads.schema import load_workload
     from sglang_continuum.core.settings import ENV_PREFIX, ContinuumSettings, use_settings
 
-    programs = load_workload(workload)
+    apps = None
+    if applications is not None:
+        from continuum_lab.workloads.applications import agent_programs, load_applications
+
+        apps = load_applications(applications)
+        programs = agent_programs(apps)
+    else:
+        programs = load_workload(workload)
     if programs_limit:
         programs = programs[:programs_limit]
     flags, _ = parse_policy(policy, cpu=True)
@@ -140,8 +153,11 @@ def emulate(
                 on_mark=on_mark,
                 client_timeout_s=client_timeout_s,
                 client_retries=client_retries,
+                kv_every_s=kv_every_s,
             )
-            if sessions is None:
+            if apps is not None:
+                result = driver.run_applications(apps, jps, hints=hints)
+            elif sessions is None:
                 result = driver.run(programs, jps, until=until_s)
             else:
                 from continuum_lab.bench.sessions import session_programs
@@ -181,6 +197,7 @@ def emulate(
         "metrics_after": generate_latest(REGISTRY).decode(),
         "admissions": admissions,
         "metrics_at": metrics_at,
+        "kv_samples": driver.kv_samples,
         "emulator": {
             "profile": latency.name,
             "profile_path": str(profile_path),
@@ -237,7 +254,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     from continuum_lab.bench.replay import IDENTITIES, OPENAI_CLIENT_RETRIES, OPENAI_CLIENT_TIMEOUT_S
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workload", type=Path, required=True)
+    ap.add_argument("--workload", type=Path, help="the programs (required unless --applications)")
+    ap.add_argument("--applications", type=Path, help="multi-agent applications arriving at --jps per second")
+    ap.add_argument("--hints", action="store_true", help="applications: send app_id, critical and tool times")
+    ap.add_argument("--kv-sample-s", type=float, default=0.0, help="sample the KV pool's use this often (s)")
     ap.add_argument("--policy", required=True)
     ap.add_argument("--profile", type=Path, required=True)
     ap.add_argument("--jps", type=float, required=True)
@@ -265,6 +285,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--client-retries", type=int, default=OPENAI_CLIENT_RETRIES, help="and resends a turn this often")  # fmt: skip
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
+    if (args.workload is None) == (args.applications is None):
+        ap.error("one of --workload and --applications")
     protocol = None
     if args.sessions:
         from continuum_lab.bench.sessions import SessionsProtocol
@@ -288,6 +310,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         until_s=args.until_s,
         client_timeout_s=args.client_timeout_s,
         client_retries=args.client_retries,
+        applications=args.applications,
+        hints=args.hints,
+        kv_every_s=args.kv_sample_s,
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_bytes(orjson.dumps(run))
