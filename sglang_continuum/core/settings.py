@@ -74,9 +74,10 @@ class ContinuumSettings(BaseModel):
         True, description="an expired or shed pin's prefix goes to host memory, protected for a host TTL"
     )
     predictive_upload: bool = Field(
-        True,
-        description="a host pin's prefix is loaded back to the device ahead of its program's predicted return, "
-        "when the device has room and the cost model prices the hold below the load it saves",
+        False,
+        description="Tokencake's time scheduler (off until measured over seeds): a host pin's prefix is loaded "
+        "back ahead of its program's predicted return, and a pinned program out on a long tool call gives its "
+        "device memory to a turn refused for it",
     )
     host_bandwidth_bytes_per_s: Optional[float] = Field(
         None,

@@ -150,7 +150,7 @@ class Uploads:
         every pin but those whose program's tool call leaves time to serve it (``offload.lends_gap``):
         such a pin goes to host, and comes back before its return by an upload."""
         model, reload, pins = self.ttl_model, self.host.reload_cost, self.pinning.pins
-        if reload is None:
+        if reload is None or not self.enabled:
             return lambda pid: True
         prefill_s = model.prefill_s(request_tokens)
 

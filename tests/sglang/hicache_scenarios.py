@@ -154,7 +154,7 @@ def hinted_return_finds_its_prefix_uploaded(tiny_model, write_policy):
     its prefix is evicted to host; once the fillers are done the host copy is loaded back ahead of
     the return (another request's prefill batch runs the copy), so turn 2 finds its whole context on
     the device and loads nothing on its own path."""
-    driver = scheduler(tiny_model, "continuum", write_policy, {})
+    driver = scheduler(tiny_model, "continuum", write_policy, {"SGLANG_CONTINUUM_PREDICTIVE_UPLOAD": "1"})
     cache = driver.s.tree_cache
     uploads = cache.controller.uploads
     rng = random.Random(11)
@@ -191,7 +191,7 @@ def hinted_return_finds_its_prefix_uploaded(tiny_model, write_policy):
 def unhinted_cold_return_loads_its_prefix_itself(tiny_model, write_policy):
     """Without a hint and with no tool times learned yet, nothing is uploaded: SGLang's reactive
     load-back, as before predictive upload."""
-    driver = scheduler(tiny_model, "continuum", write_policy, {})
+    driver = scheduler(tiny_model, "continuum", write_policy, {"SGLANG_CONTINUUM_PREDICTIVE_UPLOAD": "1"})
     cache = driver.s.tree_cache
     rng = random.Random(11)
 

@@ -63,7 +63,7 @@ def test_algorithm_1_lends_a_gap_only_when_the_trip_and_the_prefill_fit():
 
 
 def host_controller(**kw):
-    c, clock = controller(fixed_ttl_s=1.0, host_ttl_s=60.0, **kw)
+    c, clock = controller(fixed_ttl_s=1.0, host_ttl_s=60.0, **{"predictive_upload": True, **kw})
     c.attach_host_tier(reload=RELOAD, host_budget_tokens=10_000, hold_cost=0.5)
     return c, clock
 

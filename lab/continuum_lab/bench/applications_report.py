@@ -14,7 +14,7 @@ from typing import Optional
 
 import numpy as np
 
-from continuum_lab.bench.report import baseline_of
+from continuum_lab.bench.report import baseline_of, save_figure
 
 # (figure, column title, format): medians over seeds
 COLUMNS = (
@@ -129,7 +129,7 @@ def plots(records: list[dict], out_dir: Path) -> list[Path]:
     ax.set(xlabel="application latency (s)", ylabel="fraction of applications", title=f"At {focus:g} apps/s")
     ax.grid(alpha=0.3)
     ax.legend()
-    paths.append(_save(fig, out_dir / "app_latency_cdf.png"))
+    paths.append(save_figure(fig, out_dir / "app_latency_cdf.png"))
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in records:
         if r["aps"] == focus and r["seed"] == first and r.get("repeat", 0) == 0 and r["figures"]["kv_series"]:
@@ -138,14 +138,5 @@ def plots(records: list[dict], out_dir: Path) -> list[Path]:
     ax.set(xlabel="time (s)", ylabel="KV pool used", title=f"KV use, {focus:g} apps/s, seed {first}")
     ax.grid(alpha=0.3)
     ax.legend()
-    paths.append(_save(fig, out_dir / "kv_used.png"))
+    paths.append(save_figure(fig, out_dir / "kv_used.png"))
     return paths
-
-
-def _save(fig, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path

@@ -105,7 +105,7 @@ _POLICIES = (
     Policy("continuum-no-resident-pins", CONTINUUM, rules="NO_RESIDENT_PINS"),
     Policy("continuum-pause-binds", CONTINUUM, rules="PAUSE_BINDS"),
     Policy("continuum-no-hold-bound", CONTINUUM, {"max_hold_s": 0}),
-    Policy("continuum-no-upload", CONTINUUM, {"predictive_upload": False}),
+    Policy("continuum-upload", CONTINUUM, {"predictive_upload": True}),
     *(Policy(f"continuum-hold-{s}s", CONTINUUM, {"max_hold_s": s}) for s in (30, 60, 120, 300, 480)),
     Policy("continuum-paper", CONTINUUM, {"max_overtakes": 0, "admission_control": False}),
 )

@@ -225,7 +225,7 @@ def plots(runs: list[dict], out_dir: Path) -> list[Path]:
     ax.set(xlabel="job completion time (s)", ylabel="fraction of programs", title=f"JCT CDF at {focus:g} jobs/s")
     ax.grid(alpha=0.3)
     ax.legend()
-    paths.append(_save(fig, out_dir / "jct_cdf.png"))
+    paths.append(save_figure(fig, out_dir / "jct_cdf.png"))
 
     def latency(t: dict):
         return t["finish"] - t["send"] if t["finish"] is not None else None
@@ -251,7 +251,7 @@ def plots(runs: list[dict], out_dir: Path) -> list[Path]:
         ax.set(xlabel="turn index", ylabel=ylabel, title=f"{title} at {focus:g} jobs/s")
         ax.grid(alpha=0.3)
         ax.legend()
-        paths.append(_save(fig, out_dir / name))
+        paths.append(save_figure(fig, out_dir / name))
 
     if len(jps_values) > 1:
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -270,11 +270,11 @@ def plots(runs: list[dict], out_dir: Path) -> list[Path]:
         ax.set(xlabel="jobs per second", ylabel="mean JCT (s), median over seeds", title="Mean JCT vs load")
         ax.grid(alpha=0.3)
         ax.legend()
-        paths.append(_save(fig, out_dir / "jct_vs_jps.png"))
+        paths.append(save_figure(fig, out_dir / "jct_vs_jps.png"))
     return paths
 
 
-def _save(fig, path: Path) -> Path:
+def save_figure(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     import matplotlib.pyplot as plt

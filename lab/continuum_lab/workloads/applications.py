@@ -26,7 +26,7 @@ from typing import Callable, Iterable
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from continuum_lab.workloads.schema import Program, Turn, WorkloadError, _problem
+from continuum_lab.workloads.schema import Program, Turn, WorkloadError, _problem, dump_jsonl
 
 
 class Agent(BaseModel):
@@ -172,12 +172,7 @@ def load_applications(path: str | Path) -> list[Application]:
 
 
 def dump_applications(apps: Iterable[Application], path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("wb") as f:
-        for app in apps:
-            f.write(orjson.dumps(app.model_dump(exclude_none=True)) + b"\n")
-    return path
+    return dump_jsonl(apps, path)
 
 
 def agent_types(apps: Iterable[Application]) -> dict[str, str]:

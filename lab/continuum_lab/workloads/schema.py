@@ -117,9 +117,14 @@ def load_workload(path: str | Path) -> list[Program]:
 
 
 def dump_workload(programs: Iterable[Program], path: str | Path) -> Path:
+    return dump_jsonl(programs, path)
+
+
+def dump_jsonl(models: Iterable[BaseModel], path: str | Path) -> Path:
+    """One model per line, unset fields left out: the workload formats' writer."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("wb") as f:
-        for p in programs:
-            f.write(orjson.dumps(p.model_dump(exclude_none=True)) + b"\n")
+        for model in models:
+            f.write(orjson.dumps(model.model_dump(exclude_none=True)) + b"\n")
     return path
