@@ -724,3 +724,25 @@ def test_a_first_turn_held_past_its_bound_is_served_while_a_resident_program_hol
     for p in ("bound-old", "bound-new"):
         cache.end_program(p)
     cache.check_integrity()
+
+
+def test_a_turn_that_does_not_fit_beside_its_own_programs_pin_is_served_on_an_idle_engine(driver):
+    """A returning turn whose prompt keeps only part of its pinned context (a client that rewrites
+    its history) and asks for more than fits beside that pin: on an idle engine nothing else is left
+    to shed, so its own program's pin goes, rather than the turn waiting out the pin's TTL."""
+    rng = random.Random(23)
+    drain_pins(driver)
+    cache = driver.s.tree_cache
+    ctx = tokens(rng, 300)
+    driver.submit(ctx, max_new_tokens=8, custom_params=meta("rewrites", "fast"))
+    driver.run_until_idle()
+    pin = cache.controller.pins.get("rewrites")
+    assert pin is not None and pin.tokens >= 300
+    idle_sheds = cache.controller.sheds.idle
+    r = driver.submit(ctx[:50] + tokens(rng, 690), max_new_tokens=40, custom_params=meta("rewrites", last=True))
+    driver.step()
+    assert r in driver.admitted, "the turn waits behind its own program's pin on an idle engine"
+    driver.run_until_idle()
+    assert driver.req(r).finished() and "rewrites" not in cache.controller.pins
+    assert cache.controller.sheds.idle == idle_sheds + 1
+    cache.check_integrity()

@@ -31,6 +31,8 @@ COLUMNS = (
     ("mean_turn_wait_s", "turn queue s", "{:.3f}"),
     ("max_request_wait_s", "max wait s", "{:.2f}"),
     ("cache_hit_ratio", "cache hit", "{:.1%}"),
+    ("uploads_used", "uploads used", "{:.0f}"),
+    ("host_load_wait_s", "host load wait s", "{:.1f}"),
 )
 COUNTS = (("failed_apps", "failed apps"), ("timeouts", "timeouts"))  # summed over seeds
 KEY = "app_latency_mean_s"

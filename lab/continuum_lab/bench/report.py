@@ -28,6 +28,14 @@ PIN_SERIES = {
     "host_loaded_tokens": "sglang:load_back_tokens_total",
     "offloads": series_key("host.offloaded"),
     "host_hit_tokens": series_key("host.host_hit_tokens"),
+    "host_load_wait_s": series_key("host.load_wait_s"),
+    # predictive upload and the tool call's gap lent to the queue
+    "uploads_started": series_key("uploads.started"),
+    "uploads_used": series_key("uploads.used"),
+    "uploads_wasted": series_key("uploads.wasted"),
+    "uploads_failed": series_key("uploads.failed"),
+    "upload_tokens": series_key("uploads.tokens"),
+    "sheds_gap": series_key("sheds.gap"),
 }
 
 

@@ -35,7 +35,9 @@ MAX_SCRAPES = 20_000  # the server's KV marks: more than any run lasts, cancelle
 # what a run's figures keep of the program figures (``report.summarize``)
 PROGRAM_FIGURES = ("tokens_per_s", "mean_turn_wait_s", "max_request_wait_s", "max_program_wait_s", "mean_ttft_s",
                    "cache_hit_ratio", "pin_hits", "host_loaded_tokens", "timeouts", "retries", "failed_requests",
-                   "output_tokens", "prompt_tokens", "wall_s")  # fmt: skip
+                   "output_tokens", "prompt_tokens", "wall_s", "pins_created", "pin_sheds", "sheds_gap",
+                   "host_load_wait_s", "uploads_started", "uploads_used", "uploads_wasted", "uploads_failed",
+                   "upload_tokens")  # fmt: skip
 
 
 def add_application_arguments(ap) -> None:
