@@ -90,6 +90,7 @@ class ContinuumController:
         self.host = HostPins(self.programs, self.timings, clock, offload_to_host=settings.offload_to_host)
         self.uploads = Uploads(self.host, self.pinning, self.programs, self.ttl_model, settings)  # tool gaps
         self.critical = self.rules.critical(self.programs, self.door.working_set)  # multi-agent critical paths
+        self.applications = self.rules.applications(idle_s=self.rules.timings.program_idle_timeout_s)
         self.admission = AdmissionCounters()
         self.program_counters = ProgramCounters()
         self.identity = IdentityCounters()
@@ -131,7 +132,7 @@ class ContinuumController:
                 self.program_counters.presumed_returned += 1
                 self._record_tool_sample(DURATION, late[0], late[1])
                 self._record_tool_sample(OUTCOME, late[0], 1.0)
-        state, ret = self.programs.turn_arrived(meta.program_id, now, rank)
+        state, ret = self.programs.turn_arrived(meta.program_id, now, self.applications.rank(meta.app_id, rank, now))
         if state is None:  # a new id the full registry turned away: served as a turn without one
             self.program_counters.refused += 1
             tag = TurnTag(replace(meta, program_id=None, source=SOURCE_NONE), rank, rank, now)
@@ -411,6 +412,7 @@ class ContinuumController:
         self.silence.check_integrity()
         self.uploads.check_integrity()
         self.critical.check_integrity()
+        self.applications.check_integrity()
 
     # -- internals -----------------------------------------------------------------------
     def _current(self, meta: ProgramMeta, tag: Optional[TurnTag]) -> bool:

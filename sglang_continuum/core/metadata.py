@@ -355,6 +355,8 @@ def parse_program_meta(
     except _Malformed as exc:
         report(program_id, str(exc))
     hints = _read_hints(params, program_id, report)
+    if "app_id" in hints and is_scope(params.get(SCOPE_KEY)):  # one tenant's application is not another's
+        hints["app_id"] = scoped_program_id(params[SCOPE_KEY], hints["app_id"])
     return ProgramMeta(
         program_id=program_id,
         is_last_step=is_last,

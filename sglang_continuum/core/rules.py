@@ -1,13 +1,13 @@
 """A policy composition (``Rules``): one slot per decision -- the waiting queue's order, the TTL
-model, residency, the door, the wait bound, which pin to shed, the critical paths' reserve -- and
-the policy's time scales, selected by name.
+model, residency, the door, the wait bound, which pin to shed, the critical paths' reserve, the
+applications' queue ranks -- and the policy's time scales, selected by name.
 
 The product is one composition, ``DEFAULT``: program-level FCFS (``priority.program_fcfs``), the
 paper's cost model (``cost_model.cost_model``), residency with its hold bound
 (``residency.Residency``), the door with its working set (``door.Door``),
 bounded waiting (``bounded_waiting.BoundedWaiting``), stale-then-latest shedding
-(``shedding.Shedding``), the critical paths' reserve (``critical.CriticalShare``) and the time
-scales below. Each slot is a factory the controller calls once, so an experiment on any decision
+(``shedding.Shedding``), the critical paths' reserve (``critical.CriticalShare``), application-level
+FCFS (``applications.ApplicationRanks``) and the time scales below. Each slot is a factory the controller calls once, so an experiment on any decision
 is a variant, never an edit of the controller. Research variants -- the paper's ablations, a
 probe's short lifetimes -- are other
 compositions, defined in the lab (``continuum_lab.bench.variants``), never switches in the product.
@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
+from sglang_continuum.core.applications import ApplicationRanks
 from sglang_continuum.core.bounded_waiting import BoundedWaiting
 from sglang_continuum.core.cost_model import cost_model
 from sglang_continuum.core.critical import CriticalShare
@@ -50,6 +51,7 @@ DoorFactory = Callable[[bool, Residency], Door]  # (admission_control setting, r
 WaitBoundFactory = Callable[[int], BoundedWaiting]  # (max_overtakes setting) -> the wait bound
 SheddingFactory = Callable[["PinTable", "ProgramRegistry", "Silence"], Shedding]
 CriticalFactory = Callable[["ProgramRegistry", "WorkingSet"], CriticalShare]  # the critical paths' reserve
+ApplicationsFactory = Callable[..., ApplicationRanks]  # (idle_s=program_idle_timeout_s) -> applications' ranks
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,7 @@ class Rules:
     wait_bound: WaitBoundFactory = BoundedWaiting
     shedding: SheddingFactory = Shedding
     critical: CriticalFactory = CriticalShare
+    applications: ApplicationsFactory = ApplicationRanks
     timings: Timings = field(default_factory=Timings)
 
 

@@ -17,6 +17,7 @@ from tests.support import fixed_ttl_rules
 pytestmark = pytest.mark.sglang
 
 PROGRAMS = ["a", "b", "c", "d", None]  # None: a request without a program id
+APPS = {"a": "app", "c": "app"}  # two agents of one application: they share its queue rank
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def make_req(rid: str, program, tokens):
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.sampling.sampling_params import SamplingParams
 
-    params = {"program_id": program} if program else None
+    params = {"program_id": program, **({"app_id": APPS[program]} if program in APPS else {})} if program else None
     return Req(rid, "", array("q", tokens), SamplingParams(max_new_tokens=4, custom_params=params))
 
 

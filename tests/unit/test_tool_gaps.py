@@ -174,3 +174,43 @@ def test_the_client_helpers_send_the_hints_the_server_reads():
     assert (meta.program_id, meta.tool_name, meta.tool_time_s, meta.app_id, meta.critical) == (
         "run-1", "bash", 2.0, "app", True
     )  # fmt: skip
+
+
+def test_an_applications_later_agent_takes_its_applications_place_in_the_queue():
+    """Application-level FCFS: app A's second agent starts after app B's first agent arrived; it
+    ranks with A (ahead of B), where program-level FCFS alone put it behind. Without an app id a
+    program keeps its own arrival."""
+    c, clock = controller(fixed_ttl_s=1.0)
+    a1 = c.turn_arrived(ProgramMeta("a1", app_id="A"))
+    b1 = c.turn_arrived(ProgramMeta("b1", app_id="B"))
+    clock.advance(5.0)
+    a2 = c.turn_arrived(ProgramMeta("a2", app_id="A"))
+    loner = c.turn_arrived(ProgramMeta("loner"))
+    assert a2.program_rank == a1.program_rank < b1.program_rank < loner.program_rank
+    assert a2.request_rank > b1.request_rank  # the request's own arrival is kept for ties
+    keys = {t.meta.program_id: c.priority_key(t, retracted=False) for t in (a2, b1, loner)}
+    assert sorted(keys, key=keys.get) == ["a2", "b1", "loner"]
+    clock.advance(c.applications.idle_s + 1)  # an application unseen that long starts again
+    a3 = c.turn_arrived(ProgramMeta("a3", app_id="A"))
+    assert a3.program_rank == a3.request_rank > loner.program_rank
+    c.check_integrity()
+
+
+def test_an_application_id_is_scoped_like_a_program_id():
+    from sglang_continuum.core.metadata import SCOPE_KEY, scope_of
+
+    a, b = ({"program_id": "run-1", "app_id": "app", SCOPE_KEY: scope_of(t)} for t in ("tenant-a", "tenant-b"))
+    ids = {parse_program_meta(p).app_id for p in (a, b)}
+    assert len(ids) == 2 and "app" not in ids
+    assert parse_program_meta({"program_id": "run-1", "app_id": "app"}).app_id == "app"
+
+
+def test_the_application_table_is_bounded():
+    from sglang_continuum.core.applications import ApplicationRanks
+
+    apps = ApplicationRanks(max_applications=3)
+    for i in range(10):
+        assert apps.rank(f"app-{i}", i, float(i)) == i
+    assert len(apps) == 3 and apps.rank("app-9", 99, 10.0) == 9 and apps.rank("app-0", 100, 10.0) == 100
+    assert apps.rank(None, 7, 10.0) == 7
+    apps.check_integrity()

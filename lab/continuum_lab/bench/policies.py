@@ -106,6 +106,7 @@ _POLICIES = (
     Policy("continuum-pause-binds", CONTINUUM, rules="PAUSE_BINDS"),
     Policy("continuum-no-hold-bound", CONTINUUM, {"max_hold_s": 0}),
     Policy("continuum-upload", CONTINUUM, {"predictive_upload": True}),
+    Policy("continuum-no-application-ranks", CONTINUUM, rules="NO_APPLICATION_RANKS"),
     *(Policy(f"continuum-hold-{s}s", CONTINUUM, {"max_hold_s": s}) for s in (30, 60, 120, 300, 480)),
     Policy("continuum-paper", CONTINUUM, {"max_overtakes": 0, "admission_control": False}),
 )

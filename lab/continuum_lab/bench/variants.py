@@ -12,6 +12,7 @@ from __future__ import annotations
 from functools import partial
 
 from continuum_lab.bench.ttl_baselines import BernsteinTTL, FixedTTL, ReferenceTTL
+from sglang_continuum.core.applications import ApplicationRanks
 from sglang_continuum.core.door import Door
 from sglang_continuum.core.engine_time import EngineTime
 from sglang_continuum.core.priority import RETRACTED, WAITING, QueueKey, Waiting
@@ -113,7 +114,15 @@ class WithoutDecodeShare(Residency):
         self.engine = _EveryPlaceDecodes()
 
 
+class ProgramRanksOnly(ApplicationRanks):
+    """Program-level FCFS alone: an application's agents rank by their own arrival."""
+
+    def rank(self, app_id, rank: int, now: float) -> int:
+        return rank
+
+
 PINS_ONLY = Rules("pins-only", order=request_fcfs)
+NO_APPLICATION_RANKS = Rules("no-application-ranks", applications=ProgramRanksOnly)
 NO_RESIDENCY = Rules("no-residency", residency=WithoutResidency)
 NO_PAUSING = Rules("no-pausing", residency=WithoutPausing)
 NO_RESIDENT_PINS = Rules("no-resident-pins", residency=WithoutResidentPins)
