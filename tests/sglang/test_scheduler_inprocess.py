@@ -746,3 +746,17 @@ def test_a_turn_that_does_not_fit_beside_its_own_programs_pin_is_served_on_an_id
     assert driver.req(r).finished() and "rewrites" not in cache.controller.pins
     assert cache.controller.sheds.idle == idle_sheds + 1
     cache.check_integrity()
+
+
+def test_a_later_agent_of_an_earlier_application_is_admitted_before_a_later_applications_agent(driver):
+    """Application-level FCFS in SGLang's own queue: app A's first agent ran before app B arrived;
+    A's next agent, sent after B's, is placed ahead of it (program-level FCFS alone put it after)."""
+    rng = random.Random(29)
+    drain_pins(driver)
+    driver.submit(tokens(rng, 40), max_new_tokens=2, custom_params={**meta("A/planner", last=True), "app_id": "A"})
+    driver.run_until_idle()
+    b = driver.submit(tokens(rng, 40), max_new_tokens=2, custom_params={**meta("B/planner", last=True), "app_id": "B"})
+    a = driver.submit(tokens(rng, 40), max_new_tokens=2, custom_params={**meta("A/coder", last=True), "app_id": "A"})
+    driver.run_until_idle()
+    assert driver.req(a).finished() and driver.req(b).finished()
+    assert driver.admitted.index(a) < driver.admitted.index(b)
