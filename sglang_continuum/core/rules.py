@@ -7,9 +7,9 @@ paper's cost model (``cost_model.cost_model``), residency with its hold bound
 (``residency.Residency``), the door with its working set (``door.Door``),
 bounded waiting (``bounded_waiting.BoundedWaiting``), stale-then-latest shedding
 (``shedding.Shedding``), the critical paths' reserve (``critical.CriticalShare``), application-level
-FCFS (``applications.ApplicationRanks``) and the time scales below. Each slot is a factory the controller calls once, so an experiment on any decision
-is a variant, never an edit of the controller. Research variants -- the paper's ablations, a
-probe's short lifetimes -- are other
+FCFS (``applications.ApplicationRanks``) and the time scales below. Each slot is a factory the
+controller calls once, so an experiment on any decision is a variant, never an edit of the
+controller. Research variants -- the paper's ablations, a probe's short lifetimes -- are other
 compositions, defined in the lab (``continuum_lab.bench.variants``), never switches in the product.
 A server takes one by the ``rules`` setting, ``"package.module:NAME"`` (a ``Rules``, or a function
 returning one, called with the literal keyword arguments written after it:
