@@ -23,10 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from continuum_lab.workloads.schema import Program, Turn, WorkloadError, _problem, dump_jsonl
+from continuum_lab.workloads.schema import Program, Turn, WorkloadError, dump_jsonl, jsonl_records
 
 
 class Agent(BaseModel):
@@ -145,17 +144,7 @@ def agent_programs(apps: Iterable[Application]) -> list[Program]:
 def parse_applications(lines: Iterable[str | bytes], source: str = "<applications>") -> list[Application]:
     apps: list[Application] = []
     seen: set[str] = set()
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            data = orjson.loads(line)
-        except orjson.JSONDecodeError as exc:
-            raise WorkloadError(f"{source}:{lineno}: not JSON: {exc}") from None
-        try:
-            app = Application.model_validate(data)
-        except ValidationError as exc:
-            raise WorkloadError(f"{source}:{lineno}: {_problem(exc)}") from None
+    for lineno, app in jsonl_records(lines, source, Application):
         if app.app_id in seen:
             raise WorkloadError(f"{source}:{lineno}: duplicate app_id {app.app_id!r}")
         seen.add(app.app_id)

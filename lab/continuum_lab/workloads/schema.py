@@ -21,7 +21,7 @@ A program's context at turn i is every earlier turn's append + output plus this 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Iterable, Iterator, Optional, TypeVar
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -79,10 +79,12 @@ def _problem(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def parse_workload(lines: Iterable[str | bytes], source: str = "<workload>") -> list[Program]:
-    programs: list[Program] = []
-    seen: set[str] = set()
-    prompts: dict[str, int] = {}  # group -> its first turn's appended tokens
+Record = TypeVar("Record", bound=BaseModel)
+
+
+def jsonl_records(lines: Iterable[str | bytes], source: str, model: type[Record]) -> Iterator[tuple[int, Record]]:
+    """``(line number, record)`` for each non-blank JSONL line validated as ``model``; a line that is
+    not JSON or not a valid record raises ``WorkloadError`` naming ``source`` and the line."""
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -91,9 +93,16 @@ def parse_workload(lines: Iterable[str | bytes], source: str = "<workload>") -> 
         except orjson.JSONDecodeError as exc:
             raise WorkloadError(f"{source}:{lineno}: not JSON: {exc}") from None
         try:
-            program = Program.model_validate(data)
+            yield lineno, model.model_validate(data)
         except ValidationError as exc:
             raise WorkloadError(f"{source}:{lineno}: {_problem(exc)}") from None
+
+
+def parse_workload(lines: Iterable[str | bytes], source: str = "<workload>") -> list[Program]:
+    programs: list[Program] = []
+    seen: set[str] = set()
+    prompts: dict[str, int] = {}  # group -> its first turn's appended tokens
+    for lineno, program in jsonl_records(lines, source, Program):
         if program.program_id in seen:
             raise WorkloadError(f"{source}:{lineno}: duplicate program_id {program.program_id!r}")
         seen.add(program.program_id)
