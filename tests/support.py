@@ -42,6 +42,9 @@ class FixedTTL(TTLModel):
     def ttl(self, query: TTLQuery) -> float:
         return self.ttl_s
 
+    def prefill_s(self, context_tokens: int) -> float:
+        return self.rebuild_seconds
+
     def rebuild_s(self, context_tokens: int) -> float:
         return self.rebuild_seconds
 

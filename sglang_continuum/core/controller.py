@@ -68,7 +68,7 @@ class ContinuumController:
         self.timings.check(settings.max_ttl_s)
         self.stats = ToolStats()
         self.ttl_model: TTLModel = self.rules.ttl_model(settings, self.stats)
-        bounds, rebuild = {"max_ttl_s": settings.max_ttl_s, "max_hold_s": settings.max_hold_s}, self.ttl_model.rebuild_s
+        bounds, rebuild = {"max_ttl_s": settings.max_ttl_s, "max_hold_s": settings.max_hold_s}, self.ttl_model.prefill_s
         self.residency = self.rules.residency(settings.admission_control, self.stats, rebuild, **bounds)
         self.door = self.rules.door(settings.admission_control, self.residency)
         self.ttl_model.read_engine(self.residency.engine)  # without a measured profile: the engine's prefill rate

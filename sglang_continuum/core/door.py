@@ -24,7 +24,8 @@ there: a step costs the same however many first turns wait.
 
 The capacity is the adapter's: the device pool, or with HiCache what the two tiers hold together.
 Past that, letting more programs in only makes the host tier cycle (every return a re-prefill);
-holding whole programs at the door keeps the ones admitted served.
+holding whole programs at the door keeps the ones admitted served, where a re-prefill is dear
+(with a host tier, only while growth is reserved: ``Residency.holds_first_turns``).
 
 **Residency** (no host tier), the pins that keep admitted programs through their tool calls, the
 returns paused at their turn boundary and the bound on every hold, is one decision of its own
@@ -197,11 +198,13 @@ class Door:
             self.working_set.let_go(state)
 
     def weighs(self, tag: TurnTag, state: Optional[ProgramState]) -> bool:
-        """Whether the door weighs ``tag``'s turn at all: a first turn, or a paused return
-        (``Residency.pauses``), not yet due."""
+        """Whether the door weighs ``tag``'s turn at all: a first turn (``Residency.holds_first_turns``),
+        or a paused return (``Residency.pauses``), not yet due."""
         if not self.enabled or state is None or door_exempt(tag) or tag.due:
             return False
-        return state.turns_admitted == 0 or self.residency.pauses(tag, state)
+        if state.turns_admitted == 0:
+            return self.residency.holds_first_turns()
+        return self.residency.pauses(tag, state)
 
     def holds_back(
         self,

@@ -19,7 +19,13 @@ probability). Keep iff ``P * L * rebuild * K >= hold * d``.
   while growth is reserved: a program let go young is rebuilt at the size it grows to).
 - **Growth** (``WorkingSet.reserve_growth``): the working set counts each program at the expected
   final context only while keeping a context of that size through the tools' usual time pays, a
-  release priced as lost (``_price_growth``).
+  release priced as lost (``_price_growth``), with a host tier or without.
+- **First turns** (``holds_first_turns``): without a host tier the door's capacity is the device
+  pool, and past it SGLang retracts running turns whatever a rebuild costs: the door always weighs
+  a first turn. With one, the capacity is both tiers', and past it the host tier cycles: returns
+  re-prefill, which is worth a new program's wait only where keeping a context pays (growth
+  reserved). Where rebuilds are cheap the door is open (the CPU server: a 300-token context
+  rebuilds in 20 ms).
 - **Pausing** (``pauses``): a return that found its context gone, from a program out of the working
   set, waits at its turn boundary only while a lost context is dear (growth is reserved) and what
   it lost is worth more rebuilt than the batch place its wait leaves (``keeping_pays`` on the lost
@@ -144,7 +150,9 @@ class Residency:
         working_set: Optional[WorkingSet] = None,
     ) -> None:
         """``stats``: the tools' times; ``rebuild_s``: seconds of engine time to rebuild a context of
-        so many tokens (the TTL model's; None: keeping never pays); ``max_ttl_s``: the longest pin;
+        so many tokens from nothing (the TTL model's prefill: with a host tier too, since what the
+        door and residency keep out is a context lost from both tiers; None: keeping never pays);
+        ``max_ttl_s``: the longest pin;
         ``max_hold_s``: the bound on a held turn's wait (0: none)."""
         self.enabled = enabled
         self.stats = stats
@@ -238,6 +246,11 @@ class Residency:
         size = max(context_tokens, self.working_set.floor)  # the room the door keeps for it
         return hold if hold > 0 and self.keeping_pays(size, hold, back * self.release_loss()) else 0.0
 
+    def holds_first_turns(self) -> bool:
+        """Whether the door weighs first turns at all: always without a host tier; with one, only
+        while growth is reserved (the module's docstring)."""
+        return not self.host_tier or self.working_set.reserve_growth
+
     def pauses(self, tag: TurnTag, state: Optional[ProgramState]) -> bool:
         """A return that found its context gone, from a program out of the working set, waits while
         the working set leaves it no room: only where a lost context is dear (no host tier, growth
@@ -257,11 +270,10 @@ class Residency:
 
     def _price_growth(self) -> None:
         """Reserve room for growth unless keeping a context of the expected final size through the
-        tools' usual time does not pay (no host tier; with one, or before tools and ends are seen,
-        growth is reserved)."""
+        tools' usual time does not pay (before tools and ends are seen, growth is reserved)."""
         working, stats = self.working_set, self.stats
         expected = working.expected_final_context
-        if self.host_tier or stats is None or expected == 0 or len(stats.global_samples) < RESIDENT_MIN_SAMPLES:
+        if stats is None or expected == 0 or len(stats.global_samples) < RESIDENT_MIN_SAMPLES:
             working.reserve_growth, self._growth_priced_at = True, None
             return
         key = (stats.global_samples.version, expected, self.capacity_tokens, round(self.engine.decode_share, 2))

@@ -9,13 +9,13 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from continuum_lab.harness.server import parse_metrics
+from tests.e2e.conftest import wait_until
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,14 +59,7 @@ def run_recipe(name: str, url: str, cwd: Path) -> str:
 
 
 def wait_in_flight_zero(server, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if parse_metrics(server.metrics()).get(M + "programs_in_flight", 0) == 0:
-            return True
-        # an idle scheduler refreshes no gauge: a tiny id-less request makes it step
-        httpx.post(server.url + "/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 1}}, timeout=60)
-        time.sleep(0.5)
-    return False
+    return not wait_until(server, ("programs_in_flight",), timeout_s)
 
 
 def test_the_page_has_every_recipe_the_test_expects():

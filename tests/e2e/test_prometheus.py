@@ -132,17 +132,17 @@ def _pinned_kv(url: str) -> dict:
     return m if m.get("sglang:continuum_kv_pinned_reclaimable_tokens", 0) >= PROGRAMS * PROMPT else {}
 
 
-def test_every_dashboard_panel_answers_from_a_real_prometheus(continuum_server, prometheus):
+def test_every_dashboard_panel_answers_from_a_real_prometheus(quiet_server, prometheus):
     # scraped before the traffic, so the counters' rates see it grow
     _until(lambda: _query(prometheus, "sglang:continuum_info"), 30, "Prometheus never scraped the server")
-    assert all(_agent_traffic(continuum_server.url)), "a later turn found its context gone"
-    hits = f'sglang:continuum_pin_hits_total{{instance="127.0.0.1:{continuum_server.port}"}}'
+    assert all(_agent_traffic(quiet_server.url)), "a later turn found its context gone"
+    hits = f'sglang:continuum_pin_hits_total{{instance="127.0.0.1:{quiet_server.port}"}}'
     _until(lambda: _query(prometheus, f"increase({hits}[{RATE_WINDOW}]) > 0"), 30, "no pin hit reached Prometheus")
     _until(lambda: _query(prometheus, "sglang:time_to_first_token_seconds_count"), 30, "SGLang's TTFT never scraped")
 
     (instance,) = _label_values(prometheus, "instance", "sglang:continuum_info")
     (model_name,) = _label_values(prometheus, "model_name", f'sglang:continuum_info{{instance="{instance}"}}')
-    assert model_name == continuum_server.cmd[continuum_server.cmd.index("--model-path") + 1]  # SGLang's label
+    assert model_name == quiet_server.cmd[quiet_server.cmd.index("--model-path") + 1]  # SGLang's label
     empty = []
     for title, expr in queries(load()):
         promql = instantiate(expr, instance=instance, model_name=model_name, rate_interval=RATE_WINDOW)

@@ -50,10 +50,10 @@ def two_turn_program(url: str) -> tuple:
     return r1, r2
 
 
-def test_second_turn_hits_under_continuum_and_misses_under_fcfs(continuum_server, tiny_model, tmp_path):
-    before = parse_metrics(continuum_server.metrics())
-    r1, r2 = two_turn_program(continuum_server.url)
-    after = parse_metrics(continuum_server.metrics())
+def test_second_turn_hits_under_continuum_and_misses_under_fcfs(quiet_server, tiny_model, tmp_path):
+    before = parse_metrics(quiet_server.metrics())
+    r1, r2 = two_turn_program(quiet_server.url)
+    after = parse_metrics(quiet_server.metrics())
     assert r2.usage.prompt_tokens_details.cached_tokens >= r1.usage.prompt_tokens
     assert after["sglang:continuum_pin_hits_total"] - before.get("sglang:continuum_pin_hits_total", 0) == 1
     assert after["sglang:continuum_pins_created_total"] >= 1
@@ -89,26 +89,26 @@ def test_requests_without_or_with_bad_metadata_are_served(continuum_server, cust
     assert r.json()["meta_info"]["completion_tokens"] == 6
 
 
-def test_native_generate_with_session_id_as_program(continuum_server):
-    before = parse_metrics(continuum_server.metrics())["sglang:continuum_pins_created_total"]
+def test_native_generate_with_session_id_as_program(quiet_server):
+    before = parse_metrics(quiet_server.metrics())["sglang:continuum_pins_created_total"]
     body = {"text": text(30, 9), "session_id": "sess-42", "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}}
-    assert httpx.post(continuum_server.url + "/generate", json=body, timeout=60).status_code == 200
-    after = parse_metrics(continuum_server.metrics())
+    assert httpx.post(quiet_server.url + "/generate", json=body, timeout=60).status_code == 200
+    after = parse_metrics(quiet_server.metrics())
     assert after["sglang:continuum_pins_created_total"] == before + 1
     body["sampling_params"]["custom_params"] = {"is_last_step": True}  # same program, last step
-    assert httpx.post(continuum_server.url + "/generate", json=body, timeout=60).status_code == 200
-    final = parse_metrics(continuum_server.metrics())
+    assert httpx.post(quiet_server.url + "/generate", json=body, timeout=60).status_code == 200
+    final = parse_metrics(quiet_server.metrics())
     assert final["sglang:continuum_pin_hits_total"] == after["sglang:continuum_pin_hits_total"] + 1
     assert final["sglang:continuum_pinned_programs"] == 0
 
 
-def test_routing_key_header_alone_makes_a_program(continuum_server):
+def test_routing_key_header_alone_makes_a_program(quiet_server):
     """A plain OpenAI client behind smg sends only X-SMG-Routing-Key: SGLang puts it on the
     request, and it is the program id (turn 2 hits turn 1's pin)."""
     from sglang_continuum.client import routing_headers
 
-    client = OpenAI(base_url=continuum_server.url + "/v1", api_key="none", max_retries=0, timeout=120)
-    before = parse_metrics(continuum_server.metrics())
+    client = OpenAI(base_url=quiet_server.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    before = parse_metrics(quiet_server.metrics())
     messages = [{"role": "user", "content": text(60, 41)}]
     r1 = client.chat.completions.create(
         model="m",
@@ -117,7 +117,7 @@ def test_routing_key_header_alone_makes_a_program(continuum_server):
         extra_body={"ignore_eos": True},
         extra_headers=routing_headers("rk-e2e"),
     )
-    pinned = parse_metrics(continuum_server.metrics())
+    pinned = parse_metrics(quiet_server.metrics())
     assert pinned["sglang:continuum_pins_created_total"] == before["sglang:continuum_pins_created_total"] + 1
     messages += [
         {"role": "assistant", "content": r1.choices[0].message.content},
@@ -131,16 +131,16 @@ def test_routing_key_header_alone_makes_a_program(continuum_server):
         extra_headers=routing_headers("rk-e2e"),
     )
     assert r2.usage.prompt_tokens_details.cached_tokens >= r1.usage.prompt_tokens
-    after = parse_metrics(continuum_server.metrics())
+    after = parse_metrics(quiet_server.metrics())
     key = 'sglang:continuum_requests_total{id_source="routing_key"}'
     assert after[key] - before.get(key, 0) == 2
     assert after["sglang:continuum_pin_hits_total"] == before["sglang:continuum_pin_hits_total"] + 1
-    httpx.post(continuum_server.url + RELEASE_PATH, json=release_body("rk-e2e"), timeout=30)
-    done = wait_for_metrics(continuum_server, lambda m: m["sglang:continuum_pinned_programs"] == 0)
+    httpx.post(quiet_server.url + RELEASE_PATH, json=release_body("rk-e2e"), timeout=30)
+    done = wait_for_metrics(quiet_server, lambda m: m["sglang:continuum_pinned_programs"] == 0)
     assert done["sglang:continuum_pinned_programs"] == 0
 
 
-def test_frontend_program_carries_its_program_id(continuum_server):
+def test_frontend_program_carries_its_program_id(quiet_server):
     import sglang as sgl
 
     from sglang_continuum.client import ContinuumRuntimeEndpoint
@@ -152,17 +152,17 @@ def test_frontend_program_carries_its_program_id(continuum_server):
         s += " tool result: ok "
         s += sgl.gen("answer", max_tokens=4, ignore_eos=True)
 
-    before = parse_metrics(continuum_server.metrics())
-    backend = ContinuumRuntimeEndpoint(continuum_server.url)
+    before = parse_metrics(quiet_server.metrics())
+    backend = ContinuumRuntimeEndpoint(quiet_server.url)
     state = agent.run(task=text(40, 11), backend=backend)
     assert len(state["answer"]) > 0
-    after = parse_metrics(continuum_server.metrics())
+    after = parse_metrics(quiet_server.metrics())
     created = after["sglang:continuum_pins_created_total"] - before["sglang:continuum_pins_created_total"]
     hits = after["sglang:continuum_pin_hits_total"] - before["sglang:continuum_pin_hits_total"]
     assert created == 2 and hits == 1  # gen 1 pinned -> gen 2 hit it and pinned again
     assert after["sglang:continuum_pinned_programs"] == 1
     del state  # the run is over (SGLang ends it when the state goes): /close_session releases the pin
-    final = wait_for_metrics(continuum_server, lambda m: m["sglang:continuum_pinned_programs"] == 0)
+    final = wait_for_metrics(quiet_server, lambda m: m["sglang:continuum_pinned_programs"] == 0)
     assert final["sglang:continuum_pin_hits_total"] - before["sglang:continuum_pin_hits_total"] == 1
     released = 'sglang:continuum_programs_ended_total{reason="closed"}'
     assert final[released] - before[released] == 1
@@ -327,16 +327,16 @@ def test_sigterm_to_the_launcher_alone_saves_the_statistics(tiny_model, tmp_path
     assert len(saved["tool_stats"]["tools"]["bash"]) == 2
 
 
-def test_top_level_job_id_and_is_last_step_of_the_continuum_authors_client(continuum_server):
+def test_top_level_job_id_and_is_last_step_of_the_continuum_authors_client(quiet_server):
     """Their mini-swe-agent fork's vLLM client sends ``job_id`` and ``is_last_step`` as top-level
     fields of the chat/completions body, which SGLang's request models drop: the plugin reads them
     as program metadata. Turn 1 of run-3 is pinned for program run-3 (closing run-3 ends a program
     that exists); a top-level ``is_last_step`` on /v1/completions pins nothing; ``custom_params``
     wins over top-level fields."""
-    url = continuum_server.url
+    url = quiet_server.url
     by_id, created = 'sglang:continuum_requests_total{id_source="program_id"}', "sglang:continuum_pins_created_total"
     released = 'sglang:continuum_programs_ended_total{reason="closed"}'
-    before = parse_metrics(continuum_server.metrics())
+    before = parse_metrics(quiet_server.metrics())
     body = {
         "model": "m",
         "messages": [{"role": "user", "content": text(60, 59)}],
@@ -346,19 +346,19 @@ def test_top_level_job_id_and_is_last_step_of_the_continuum_authors_client(conti
     }
     r = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
-    pinned = parse_metrics(continuum_server.metrics())
+    pinned = parse_metrics(quiet_server.metrics())
     assert pinned[by_id] == before[by_id] + 1 and pinned[created] == before[created] + 1
     httpx.post(url + RELEASE_PATH, json=release_body("run-3"), timeout=30)
-    after = wait_for_metrics(continuum_server, lambda m: m[released] == before[released] + 1)
+    after = wait_for_metrics(quiet_server, lambda m: m[released] == before[released] + 1)
     assert after[released] == before[released] + 1 and after["sglang:continuum_pinned_programs"] == 0
     body = {"model": "m", "prompt": text(40, 60), "job_id": "run-4", "is_last_step": True, "max_tokens": 4}
     assert httpx.post(url + "/v1/completions", json=body, timeout=120).status_code == 200
-    last = parse_metrics(continuum_server.metrics())
+    last = parse_metrics(quiet_server.metrics())
     assert last[by_id] == after[by_id] + 1 and last[created] == after[created]  # a last step: no pin
     body = {**body, "is_last_step": False, "custom_params": {"program_id": "explicit-5", "is_last_step": True}}
     assert httpx.post(url + "/v1/completions", json=body, timeout=120).status_code == 200
-    final = parse_metrics(continuum_server.metrics())
+    final = parse_metrics(quiet_server.metrics())
     assert final[by_id] == last[by_id] + 1 and final[created] == last[created]  # custom_params' last step
     body = {**body, "custom_params": None, "job_id": {"nested": {"id": 1}}}  # ignored, the request served
     assert httpx.post(url + "/v1/completions", json=body, timeout=120).status_code == 200
-    assert parse_metrics(continuum_server.metrics())[by_id] == final[by_id]
+    assert parse_metrics(quiet_server.metrics())[by_id] == final[by_id]

@@ -378,6 +378,54 @@ def test_room_for_growth_is_reserved_only_where_a_lost_context_is_dear():
         c.check_integrity()
 
 
+def test_with_a_host_tier_the_door_holds_first_turns_only_where_a_lost_context_is_dear():
+    """The same programs with HiCache on, the capacity both tiers': past it the host tier cycles
+    and returns re-prefill. Where that costs 12 s of engine time the newcomer waits, as without a
+    host tier; where it costs 0.1 s (a small model, short contexts) the door is open: a program
+    of 800 tokens runs in a 1000-token capacity and a 300-token newcomer is let in beside it,
+    which the device-only door (its capacity the pool, past which SGLang retracts running turns)
+    would not do."""
+    from sglang_continuum.core.offload import ReloadCost
+
+    for host_tier, rebuild_s, held in ((True, 12.0, True), (True, 0.1, False), (False, 0.1, True)):
+        c, _ = make(fixed_ttl_s=0.0, rebuild_s=rebuild_s, max_overtakes=0)
+        if host_tier:
+            c.attach_host_tier(reload=ReloadCost(bytes_per_token=1), host_budget_tokens=500, hold_cost=0.5)
+        for seconds in (1.0, 2.0, 3.0, 4.0, 5.0) * 2:
+            c.stats.record("bash", seconds)
+        for pid in ("x", "y"):  # two programs that ended at 900 tokens: the expected final context
+            t = c.turn_arrived(ProgramMeta(pid))
+            c.turn_admitted(t, 600)
+            c.turn_finished(ProgramMeta(pid), context_tokens=600, handle=None, tag=t)
+            t = c.turn_arrived(ProgramMeta(pid, is_last_step=True))
+            c.turn_admitted(t, 900)
+            c.turn_finished(ProgramMeta(pid, is_last_step=True), context_tokens=900, handle=None, tag=t)
+        c.turn_admitted(c.turn_arrived(meta("a")), 800)
+        c.step(lambda pid: False, 1000)
+        assert c.door.working_set.reserve_growth is (rebuild_s == 12.0), (host_tier, rebuild_s)
+        assert c.holds_back(c.turn_arrived(meta("new")), 300, 1000) is held, (host_tier, rebuild_s)
+        c.check_integrity()
+
+
+def test_residency_prices_a_lost_context_at_its_prefill_with_a_host_tier_too():
+    """HiCache makes a device miss a reload (the TTL model's rebuild), but what the door and
+    residency keep out is a context lost from both tiers: rebuilt by a prefill (1 s for 1000
+    tokens here), not by a reload from host (a microsecond)."""
+    from sglang_continuum.core.clock import ManualClock
+    from sglang_continuum.core.controller import ContinuumController
+    from sglang_continuum.core.offload import ReloadCost
+    from sglang_continuum.core.settings import ContinuumSettings
+
+    c = ContinuumController(ContinuumSettings(), clock=ManualClock())
+    c.attach_host_tier(
+        reload=ReloadCost(bytes_per_token=1, bytes_per_s=1e9, latency_s=0.0), host_budget_tokens=10, hold_cost=0.5
+    )
+    prefill = c.ttl_model.prefill_s(1000)
+    assert c.ttl_model.rebuild_s(1000) == pytest.approx(1e-6)
+    assert prefill > 1e-3 and c.residency.rebuild_s(1000) == pytest.approx(prefill)
+    c.check_integrity()
+
+
 def test_a_return_that_lost_its_context_is_paused_until_the_resident_programs_leave_room():
     c, clock = make(fixed_ttl_s=0.0, max_overtakes=0)
     a = c.turn_arrived(meta("a"))
