@@ -349,7 +349,10 @@ def test_top_level_job_id_and_is_last_step_of_the_continuum_authors_client(quiet
     pinned = parse_metrics(quiet_server.metrics())
     assert pinned[by_id] == before[by_id] + 1 and pinned[created] == before[created] + 1
     httpx.post(url + RELEASE_PATH, json=release_body("run-3"), timeout=30)
-    after = wait_for_metrics(quiet_server, lambda m: m[released] == before[released] + 1)
+    # the counter moves when the release is handled, the gauge at the next step's publish: wait for both
+    after = wait_for_metrics(
+        quiet_server, lambda m: m[released] == before[released] + 1 and m["sglang:continuum_pinned_programs"] == 0
+    )
     assert after[released] == before[released] + 1 and after["sglang:continuum_pinned_programs"] == 0
     body = {"model": "m", "prompt": text(40, 60), "job_id": "run-4", "is_last_step": True, "max_tokens": 4}
     assert httpx.post(url + "/v1/completions", json=body, timeout=120).status_code == 200
