@@ -354,6 +354,19 @@ def test_without_a_measured_profile_a_rebuild_is_priced_at_the_engines_own_prefi
         c.check_integrity()
 
 
+def _tools_of_p90_5s_and_two_programs_ended_at_900(c) -> None:
+    """Tools of 1-5 s seen ten times, and two programs that ended at 900 tokens: the expected final context."""
+    for seconds in (1.0, 2.0, 3.0, 4.0, 5.0) * 2:
+        c.stats.record("bash", seconds)
+    for pid in ("x", "y"):
+        t = c.turn_arrived(ProgramMeta(pid))
+        c.turn_admitted(t, 600)
+        c.turn_finished(ProgramMeta(pid), context_tokens=600, handle=None, tag=t)
+        t = c.turn_arrived(ProgramMeta(pid, is_last_step=True))
+        c.turn_admitted(t, 900)
+        c.turn_finished(ProgramMeta(pid, is_last_step=True), context_tokens=900, handle=None, tag=t)
+
+
 def test_room_for_growth_is_reserved_only_where_a_lost_context_is_dear():
     """Programs that ended grew to 900 tokens; one of 300 runs. Where rebuilding a 900-token
     context costs more engine time than the tools' usual time (p90 5 s) in a batch place, the
@@ -361,15 +374,7 @@ def test_room_for_growth_is_reserved_only_where_a_lost_context_is_dear():
     it is cheap (0.1 s), the door counts what programs hold and lets it in."""
     for rebuild_s, held in ((12.0, True), (0.1, False)):
         c, _ = make(fixed_ttl_s=0.0, rebuild_s=rebuild_s, max_overtakes=0)
-        for seconds in (1.0, 2.0, 3.0, 4.0, 5.0, 1.0, 2.0, 3.0, 4.0, 5.0):
-            c.stats.record("bash", seconds)
-        for pid in ("x", "y"):  # two programs that ended at 900 tokens: the expected final context
-            t = c.turn_arrived(ProgramMeta(pid))
-            c.turn_admitted(t, 600)
-            c.turn_finished(ProgramMeta(pid), context_tokens=600, handle=None, tag=t)
-            t = c.turn_arrived(ProgramMeta(pid, is_last_step=True))
-            c.turn_admitted(t, 900)
-            c.turn_finished(ProgramMeta(pid, is_last_step=True), context_tokens=900, handle=None, tag=t)
+        _tools_of_p90_5s_and_two_programs_ended_at_900(c)
         assert c.door.working_set.expected_final_context == 900
         c.turn_admitted(c.turn_arrived(meta("a")), 300)
         c.step(lambda pid: False, 1000)  # residency is priced once per step
@@ -391,15 +396,7 @@ def test_with_a_host_tier_the_door_holds_first_turns_only_where_a_lost_context_i
         c, _ = make(fixed_ttl_s=0.0, rebuild_s=rebuild_s, max_overtakes=0)
         if host_tier:
             c.attach_host_tier(reload=ReloadCost(bytes_per_token=1), host_budget_tokens=500, hold_cost=0.5)
-        for seconds in (1.0, 2.0, 3.0, 4.0, 5.0) * 2:
-            c.stats.record("bash", seconds)
-        for pid in ("x", "y"):  # two programs that ended at 900 tokens: the expected final context
-            t = c.turn_arrived(ProgramMeta(pid))
-            c.turn_admitted(t, 600)
-            c.turn_finished(ProgramMeta(pid), context_tokens=600, handle=None, tag=t)
-            t = c.turn_arrived(ProgramMeta(pid, is_last_step=True))
-            c.turn_admitted(t, 900)
-            c.turn_finished(ProgramMeta(pid, is_last_step=True), context_tokens=900, handle=None, tag=t)
+        _tools_of_p90_5s_and_two_programs_ended_at_900(c)
         c.turn_admitted(c.turn_arrived(meta("a")), 800)
         c.step(lambda pid: False, 1000)
         assert c.door.working_set.reserve_growth is (rebuild_s == 12.0), (host_tier, rebuild_s)
