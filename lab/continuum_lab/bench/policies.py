@@ -28,7 +28,9 @@ residency: no resident pins while it binds, no paused returns; ``-no-pausing`` a
 ``-no-resident-pins`` drop one of the two; ``-no-decode-share`` prices a batch place as if the
 engine only decoded; ``-no-release-loss`` prices every context let go as lost),
 ``continuum-pause-binds`` (a held paused return binds the door too, once no first turn has been
-held for a minute), ``continuum-no-hold-bound`` (a held turn waits until the working set leaves it
+held for a minute), ``continuum-marginal-rebuild`` (a rebuild priced without the prefill step's
+fixed cost), ``continuum-priced-door`` (first turns weighed only while growth is reserved, with a
+host tier or without) and ``continuum-priced-door-marginal`` (both), ``continuum-no-hold-bound`` (a held turn waits until the working set leaves it
 room: ``max_hold_s`` 0) and ``continuum-hold-30s`` / ``-60s`` / ``-120s`` / ``-300s`` / ``-480s``
 (bounds other than the default 240 s), and ``continuum-paper`` (the paper's policy: neither bound nor admission
 control). Any policy with ``+hicache`` adds SGLang's host tier
@@ -104,6 +106,9 @@ _POLICIES = (
     Policy("continuum-no-pausing", CONTINUUM, rules="NO_PAUSING"),
     Policy("continuum-no-resident-pins", CONTINUUM, rules="NO_RESIDENT_PINS"),
     Policy("continuum-pause-binds", CONTINUUM, rules="PAUSE_BINDS"),
+    Policy("continuum-priced-door", CONTINUUM, rules="PRICED_DOOR"),
+    Policy("continuum-marginal-rebuild", CONTINUUM, rules="MARGINAL_REBUILD"),
+    Policy("continuum-priced-door-marginal", CONTINUUM, rules="PRICED_DOOR_MARGINAL"),
     Policy("continuum-no-hold-bound", CONTINUUM, {"max_hold_s": 0}),
     Policy("continuum-upload", CONTINUUM, {"predictive_upload": True}),
     Policy("continuum-no-application-ranks", CONTINUUM, rules="NO_APPLICATION_RANKS"),

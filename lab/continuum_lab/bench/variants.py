@@ -114,6 +114,31 @@ class WithoutDecodeShare(Residency):
         self.engine = _EveryPlaceDecodes()
 
 
+class PricedFirstTurns(Residency):
+    """The door weighs a first turn only while keeping a context of the expected final size pays
+    (growth reserved), with a host tier or without: past the pool, what a new program costs the
+    admitted ones is their rebuilds (SGLang evicts the KV of programs out on a tool before it
+    retracts a running turn), which residency already prices."""
+
+    def holds_first_turns(self) -> bool:
+        return self.working_set.reserve_growth
+
+
+class MarginalRebuild(Residency):
+    """A rebuild priced without the prefill step's fixed cost (the profile's ``c0``): a return
+    runs a prefill step for its new tokens whether its context is kept or not."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        full = self.rebuild_s
+        if full is not None:
+            self.rebuild_s = lambda tokens: max(0.0, full(tokens) - full(0))
+
+
+class PricedFirstTurnsMarginalRebuild(MarginalRebuild, PricedFirstTurns):
+    """Both of the above."""
+
+
 class ProgramRanksOnly(ApplicationRanks):
     """Program-level FCFS alone: an application's agents rank by their own arrival."""
 
@@ -129,6 +154,9 @@ NO_RESIDENT_PINS = Rules("no-resident-pins", residency=WithoutResidentPins)
 NO_DECODE_SHARE = Rules("no-decode-share", residency=WithoutDecodeShare)
 NO_RELEASE_LOSS = Rules("no-release-loss", residency=WithoutReleaseLoss)
 PAUSE_BINDS = Rules("pause-binds", door=DoorWithPauseBinding)
+PRICED_DOOR = Rules("priced-door", residency=PricedFirstTurns)
+MARGINAL_REBUILD = Rules("marginal-rebuild", residency=MarginalRebuild)
+PRICED_DOOR_MARGINAL = Rules("priced-door-marginal", residency=PricedFirstTurnsMarginalRebuild)
 FIXED_2S = fixed_ttl(2.0)
 REFERENCE = Rules("reference", ttl_model=ReferenceTTL)  # the public vLLM reference's 2 s rule
 BERNSTEIN = Rules("bernstein", ttl_model=BernsteinTTL)  # the paper's first version
