@@ -80,6 +80,23 @@ def test_the_servers_counters_over_aiperfs_measured_phase():
     assert watch.window(None)["delta"]["sglang:prompt_tokens_total"] == 1200
 
 
+def test_the_plugins_prices_at_the_measured_phases_end_beside_its_counters():
+    requests = 'sglang:continuum_requests_total{id_source="routing_key"}'
+    growth, share, loss = (series for _, series, _, _ in aiperf_report.PRICE_COLUMNS)
+    snaps = [
+        (10.0, {"sglang:continuum_requests_total": 0.0, requests: 0.0, growth: 1.0, share: 0.9, loss: 1.0}),
+        (20.0, {"sglang:continuum_requests_total": 8.0, requests: 8.0, growth: 0.0, share: 0.4, loss: 0.7}),
+    ]
+    watch = MetricsWatch("http://127.0.0.1:1")
+    watch.snapshots = snaps
+    figures = aiperf_report.server_figures(watch.window((10.0, 20.0)))
+    assert figures["requests_routing_key"] == 8
+    # a gauge is read as it stood at the end, not as a change over the phase
+    assert (figures["growth_reserved_end"], figures["decode_share_end"], figures["release_loss_end"]) == (0.0, 0.4, 0.7)
+    run = {"policy": "continuum", "seed": 1, "aiperf": {}, "server": figures, "exit": 0}
+    assert "| 0 | 0.40 | 0.70 | 0 |" in aiperf_report.runs_table([run])
+
+
 def test_the_measured_phases_span_from_aiperfs_records(tmp_path):
     rows = [
         {"metadata": {"benchmark_phase": "warmup", "request_start_ns": 1e9, "request_end_ns": 2e9}},

@@ -8,8 +8,9 @@ A run record is ``{"policy", "seed", "aiperf": {...}, "server": {...}}``:
   requests completed and failed, and its one cache figure, ``overall_usage_prompt_cache_read_pct``
   (the servers' ``usage.prompt_tokens_details.cached_tokens`` over the prompt tokens).
 * ``server``: the server's own ``/metrics`` over the same phase (``server_figures``: SGLang's
-  cached / prompt tokens, its generated tokens per second, and the plugin's pins and the
-  ``id_source`` of the requests it saw).
+  cached / prompt tokens, its generated tokens per second, the plugin's pins and the
+  ``id_source`` of the requests it saw, and the prices residency read at the phase's end: whether
+  growth was reserved, the decode share and the release loss, which say why it pinned what it did).
 
 Per policy over seeds (``aggregate``): the median, the spread (lowest to highest) and the worst
 seed of each figure, and each non-stock policy's output throughput and TTFT p90 against the best
@@ -24,6 +25,7 @@ import numpy as np
 
 from continuum_lab.bench.report import PIN_SERIES
 from continuum_lab.bench.seeds import is_stock
+from sglang_continuum.core.series import series_key
 
 ID_SOURCES = ("program_id", "session_id", "routing_key", "inferred", "first_turn", "none")
 
@@ -45,6 +47,13 @@ SERVER_COLUMNS = (
     ("pin_hits", "pin hits", "{:.0f}", True),
     ("requests_routing_key", "routing-key requests", "{:.0f}", True),
     ("requests_inferred", "inferred", "{:.0f}", True),
+)
+
+# the plugin's prices at the measured phase's end (gauges: their last value, not a change)
+PRICE_COLUMNS = (
+    ("growth_reserved_end", series_key("gauge.growth_reserved"), "growth reserved", "{:.0f}"),
+    ("decode_share_end", series_key("gauge.decode_share_ratio"), "decode share", "{:.2f}"),
+    ("release_loss_end", series_key("gauge.release_loss_ratio"), "release loss", "{:.2f}"),
 )
 
 
@@ -98,6 +107,7 @@ def server_figures(window: Optional[dict]) -> dict:
         out |= {key: d.get(series, 0.0) for key, series in PIN_SERIES.items()}
         for source in ID_SOURCES:
             out[f"requests_{source}"] = d.get(f'sglang:continuum_requests_total{{id_source="{source}"}}', 0.0)
+        out |= {key: window["end"].get(series) for key, series, _, _ in PRICE_COLUMNS}
     return out
 
 
@@ -196,12 +206,14 @@ def policy_table(rows: list[dict]) -> str:
 
 def runs_table(runs: list[dict]) -> str:
     """Every run, in the order it ran."""
-    head = ["seed", "policy", *(t for _, t, _, _ in AIPERF_COLUMNS), *(t for _, t, _, _ in SERVER_COLUMNS), "exit"]
+    head = ["seed", "policy", *(t for _, t, _, _ in AIPERF_COLUMNS), *(t for _, t, _, _ in SERVER_COLUMNS),
+            *(f"{t} (end)" for _, _, t, _ in PRICE_COLUMNS), "exit"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in runs:
         a, s = r.get("aiperf", {}), r.get("server", {})
         cells = [str(r["seed"]), r["policy"]]
         cells += ["-" if a.get(k) is None else f.format(a[k]) for k, _, f, _ in AIPERF_COLUMNS]
         cells += ["-" if s.get(k) is None else f.format(s[k]) for k, _, f, _ in SERVER_COLUMNS]
+        cells += ["-" if s.get(k) is None else f.format(s[k]) for k, _, _, f in PRICE_COLUMNS]
         lines.append("| " + " | ".join([*cells, str(r.get("exit"))]) + " |")
     return "\n".join(lines)

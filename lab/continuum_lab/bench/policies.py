@@ -30,13 +30,15 @@ engine only decoded; ``-no-release-loss`` prices every context let go as lost),
 ``continuum-pause-binds`` (a held paused return binds the door too, once no first turn has been
 held for a minute), ``continuum-marginal-rebuild`` (a rebuild priced without the prefill step's
 fixed cost), ``continuum-priced-door`` (first turns weighed only while growth is reserved, with a
-host tier or without) and ``continuum-priced-door-marginal`` (both), ``continuum-no-hold-bound`` (a held turn waits until the working set leaves it
-room: ``max_hold_s`` 0) and ``continuum-hold-30s`` / ``-60s`` / ``-120s`` / ``-300s`` / ``-480s``
-(bounds other than the default 240 s), and ``continuum-paper`` (the paper's policy: neither bound nor admission
-control). Any policy with ``+hicache`` adds SGLang's host tier
-(``--enable-hierarchical-cache``, SGLang's default ``write_through``: the host mirrors the device)
-and is compared with ``fcfs+hicache``; ``+hicache-write-back`` the same with
-``--hicache-write-policy write_back`` (device and host hold distinct KV: more in all).
+host tier or without) and ``continuum-priced-door-marginal`` (both), ``continuum-shared-step-cost``
+(a step's fixed cost priced in the empty batch place it leaves, not in the rebuild),
+``continuum-no-hold-bound`` (a held turn waits until the working set leaves it room: ``max_hold_s``
+0) and ``continuum-hold-30s`` / ``-60s`` / ``-120s`` / ``-300s`` / ``-480s`` (bounds other than the
+default 240 s), and ``continuum-paper`` (the paper's policy: neither bound nor admission control).
+Any policy with ``+hicache`` adds SGLang's host tier (``--enable-hierarchical-cache``, SGLang's
+default ``write_through``: the host mirrors the device) and is compared with ``fcfs+hicache``;
+``+hicache-write-back`` the same with ``--hicache-write-policy write_back`` (device and host hold
+distinct KV: more in all).
 
 A policy is a typed ``Policy``: SGLang flags, plugin settings (checked against
 ``ContinuumSettings`` when this module is imported: a misspelt name fails there) and a rule
@@ -109,6 +111,7 @@ _POLICIES = (
     Policy("continuum-priced-door", CONTINUUM, rules="PRICED_DOOR"),
     Policy("continuum-marginal-rebuild", CONTINUUM, rules="MARGINAL_REBUILD"),
     Policy("continuum-priced-door-marginal", CONTINUUM, rules="PRICED_DOOR_MARGINAL"),
+    Policy("continuum-shared-step-cost", CONTINUUM, rules="SHARED_STEP_COST"),
     Policy("continuum-no-hold-bound", CONTINUUM, {"max_hold_s": 0}),
     Policy("continuum-upload", CONTINUUM, {"predictive_upload": True}),
     Policy("continuum-no-application-ranks", CONTINUUM, rules="NO_APPLICATION_RANKS"),

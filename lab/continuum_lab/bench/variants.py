@@ -14,7 +14,7 @@ from functools import partial
 from continuum_lab.bench.ttl_baselines import BernsteinTTL, FixedTTL, ReferenceTTL
 from sglang_continuum.core.applications import ApplicationRanks
 from sglang_continuum.core.door import Door
-from sglang_continuum.core.engine_time import EngineTime
+from sglang_continuum.core.engine_time import MIN_BUSY_S, EngineTime
 from sglang_continuum.core.priority import RETRACTED, WAITING, QueueKey, Waiting
 from sglang_continuum.core.residency import BINDING_S, Residency
 from sglang_continuum.core.rules import Rules, Timings
@@ -139,6 +139,32 @@ class PricedFirstTurnsMarginalRebuild(MarginalRebuild, PricedFirstTurns):
     """Both of the above."""
 
 
+class _StepCostShared(EngineTime):
+    """An empty batch place priced at every part of a step that does not grow with the batch: the
+    decode steps, and each prefill step's fixed cost (the engine's fit's ``c0``, shared by whatever
+    the step prefills)."""
+
+    @property
+    def decode_share(self) -> float:
+        share = super().decode_share
+        c = self.prefill.coefficients()
+        if self.busy_s < MIN_BUSY_S or c is None:
+            return share
+        return min(1.0, share + float(c[0]) * self.prefill.steps / self.busy_s)
+
+
+class SharedStepCost(MarginalRebuild):
+    """A step's fixed cost counted where it falls: not in a rebuild (a return runs a prefill step
+    whether its context was kept or not: ``MarginalRebuild``), but in what an empty batch place
+    costs (a step runs at that cost however few it carries). On an engine whose steps cost mostly
+    their fixed part (the CPU server's profile: 40 ms a step, about 7,800 tokens' linear cost),
+    keeping then pays only for contexts dear to rebuild."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.engine = _StepCostShared()
+
+
 class ProgramRanksOnly(ApplicationRanks):
     """Program-level FCFS alone: an application's agents rank by their own arrival."""
 
@@ -157,6 +183,7 @@ PAUSE_BINDS = Rules("pause-binds", door=DoorWithPauseBinding)
 PRICED_DOOR = Rules("priced-door", residency=PricedFirstTurns)
 MARGINAL_REBUILD = Rules("marginal-rebuild", residency=MarginalRebuild)
 PRICED_DOOR_MARGINAL = Rules("priced-door-marginal", residency=PricedFirstTurnsMarginalRebuild)
+SHARED_STEP_COST = Rules("shared-step-cost", residency=SharedStepCost)
 FIXED_2S = fixed_ttl(2.0)
 REFERENCE = Rules("reference", ttl_model=ReferenceTTL)  # the public vLLM reference's 2 s rule
 BERNSTEIN = Rules("bernstein", ttl_model=BernsteinTTL)  # the paper's first version
