@@ -8,6 +8,7 @@ from continuum_lab.bench.variants import (
     PricedFirstTurnsMarginalRebuild,
     SharedStepCost,
 )
+from sglang_continuum.core.programs import ProgramState
 from sglang_continuum.core.residency import Residency
 from sglang_continuum.core.tool_stats import ToolStats
 
@@ -65,8 +66,8 @@ def test_the_shared_step_cost_prices_a_batch_place_at_the_decode_steps_and_each_
     # rebuild's 20 ms of tokens is less than the fixed 40 ms it was charged, and the place it holds
     # costs the fixed part of every prefill step besides the decode steps)
     stock.capacity_tokens = shared.capacity_tokens = 6000
-    for r in (stock, shared):
-        r.working_set._final_contexts.append(2000)
-        r.working_set._final_sum = 2000
+    for r in (stock, shared):  # a program of 2,000 tokens ended: the expected final context
+        r.working_set.forgotten(ProgramState("p", 0, 0.0, turns_finished=2, context_tokens=2000))
+        assert r.working_set.expected_final_context == 2000
     assert stock.keeping_pays(2000, 0.3)
     assert not shared.keeping_pays(2000, 0.3)
