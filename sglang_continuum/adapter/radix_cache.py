@@ -18,6 +18,7 @@ turn then loads the prefix back instead of recomputing it. See ``host_tier.py``.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Callable, Iterable, NamedTuple, Optional
 
 from sglang.srt.constants import HEALTH_CHECK_RID_PREFIX
@@ -165,7 +166,10 @@ class ContinuumRadixCache(UnifiedRadixCache):
         # SGLang's own health probes (/health_generate) are nobody's turn: never remembered
         inference = self.runtime.inference
         if not meta.has_program and inference is not None and not req.rid.startswith(HEALTH_CHECK_RID_PREFIX):
+            scope = meta.scope
             meta = inference.attribute(req)
+            if scope is not None:  # an inferred program is its sender's, for fair shares (``core/scopes.py``)
+                meta = replace(meta, scope=scope)
         tag = self.controller.turn_arrived(
             meta,
             waiting_ahead=waiting_ahead,

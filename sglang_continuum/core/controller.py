@@ -38,6 +38,7 @@ from sglang_continuum.core.pins import Pin, PinTable
 from sglang_continuum.core.priority import Waiting, context_gone, returning_context
 from sglang_continuum.core.programs import ProgramRegistry, ProgramState
 from sglang_continuum.core.rules import Rules, resolve_rules
+from sglang_continuum.core.scopes import ScopeRanks
 from sglang_continuum.core.settings import ContinuumSettings
 from sglang_continuum.core.shedding import Spare
 from sglang_continuum.core.silence import Silence
@@ -80,7 +81,8 @@ class ContinuumController:
         )
         self.door.working_set.pinned = lambda pid: pid in self.pins  # its pin keeps its room
         self.silence = Silence(self.stats, self.programs)  # programs whose clients announce no ends
-        self.pins = PinTable(budget_tokens, ceiling_tokens=pin_ceiling_tokens)  # the ceiling: resident pins
+        scoped = settings.program_scope_header is not None  # fair shares between senders (``scopes.py``)
+        self.pins = PinTable(budget_tokens, ceiling_tokens=pin_ceiling_tokens, scoped=scoped)  # the ceiling: residents
         self.shedding = self.rules.shedding(self.pins, self.programs, self.silence)
         rooms = {"programs": self.programs, "silence": self.silence, "ttl_model": self.ttl_model, "door": self.door}
         self.pinning = Pinning(self.pins, self.shedding, **rooms, max_ttl_s=settings.max_ttl_s)
@@ -91,6 +93,7 @@ class ContinuumController:
         self.uploads = Uploads(self.host, self.pinning, self.programs, self.ttl_model, settings)  # tool gaps
         self.critical = self.rules.critical(self.programs, self.door.working_set)  # multi-agent critical paths
         self.applications = self.rules.applications(idle_s=self.rules.timings.program_idle_timeout_s)
+        self.scopes = ScopeRanks(enabled=scoped)
         self.admission = AdmissionCounters()
         self.program_counters = ProgramCounters()
         self.identity = IdentityCounters()
@@ -122,26 +125,28 @@ class ContinuumController:
         rank = next(self._rank)
         now = self.clock()
         self.identity.count(meta.identified_by)
-        if not meta.has_program:
-            tag = TurnTag(meta, rank, rank, now)
+        if not meta.has_program:  # a program of its own
+            tag = TurnTag(meta, rank, self.scopes.rank(meta.scope, rank), now)
             self._enter(tag, now, waiting_ahead)
             return tag
+        program_rank = self.applications.rank(meta.app_id, rank, now)
         if meta.program_id not in self.programs:
+            program_rank = self.scopes.rank(meta.scope, program_rank)
             late = self.silence.came_back(meta.program_id, now)
             if late is not None:  # presumed ended, and back after all: the tool took this long
                 self.program_counters.presumed_returned += 1
                 self._record_tool_sample(DURATION, late[0], late[1])
                 self._record_tool_sample(OUTCOME, late[0], 1.0)
-        state, ret = self.programs.turn_arrived(meta.program_id, now, self.applications.rank(meta.app_id, rank, now))
+        state, ret = self.programs.turn_arrived(meta.program_id, now, program_rank)
         if state is None:  # a new id the full registry turned away: served as a turn without one
             self.program_counters.refused += 1
-            tag = TurnTag(replace(meta, program_id=None, source=SOURCE_NONE), rank, rank, now)
+            tag = TurnTag(replace(meta, program_id=None, source=SOURCE_NONE), rank, program_rank, now)
             self._enter(tag, now, waiting_ahead)
             return tag
         state.announces_end |= meta.announces_end
         self.critical.arrived(state, meta.app_id, meta.critical)
         if state.turns_arrived == 1:
-            state.first_step = meta.step
+            state.first_step, state.scope = meta.step, meta.scope
             self.program_counters.seen += 1
         if ret is not None:
             self._record_tool_sample(DURATION, ret.tool, ret.seconds)  # TTL models read tool times from self.stats
@@ -199,6 +204,7 @@ class ContinuumController:
             state.pin_end if returning else None,
         )
         self.admission.admitted += 1
+        self.scopes.admitted(tag.program_rank)
         self.residency.holds.left(tag, now, admitted=True)
         if not probe:
             self.bounded.admitted(context_tokens, cached_tokens or 0)
@@ -408,11 +414,8 @@ class ContinuumController:
         self.stats.check_integrity()
         self.door.check_integrity()
         assert all(self.programs.get(pid) is s for pid, s in self.door.working_set.items()), "working set"
-        self.bounded.check_integrity()
-        self.silence.check_integrity()
-        self.uploads.check_integrity()
-        self.critical.check_integrity()
-        self.applications.check_integrity()
+        for room in (self.bounded, self.silence, self.uploads, self.critical, self.applications, self.scopes):
+            room.check_integrity()
 
     # -- internals -----------------------------------------------------------------------
     def _current(self, meta: ProgramMeta, tag: Optional[TurnTag]) -> bool:

@@ -74,7 +74,7 @@ class HostPins:
         out.ttl = ttl
         if ttl <= 0:
             return out
-        host = Pin(pin.program_id, pin.tokens, now + ttl, pin.arrival_rank, now, tier=Tier.HOST)
+        host = Pin(pin.program_id, pin.tokens, now + ttl, pin.arrival_rank, now, tier=Tier.HOST, scope=pin.scope)
         stored, released = self.pins.add(host)
         if stored:
             out.pin = host

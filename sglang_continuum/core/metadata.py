@@ -16,6 +16,8 @@ scope (``scope_of`` its credential or tenant header) into ``custom_params[SCOPE_
 whatever the client sent there, and the effective id is ``scoped_program_id(scope, client id)``:
 two tenants' ``run-1`` are two programs. ``/close_session`` carries the scope in its session id
 (``close_session_id`` / ``read_close_session``), since SGLang's close request has no other field.
+The scope travels on every request, with an id or without, and ranks the sender's programs for
+fair shares between scopes (``scopes.py``).
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ class ProgramMeta:
     tool_time_s: Optional[float] = None  # the client's forecast of the tool call this turn's output makes
     app_id: Optional[str] = None  # the multi-agent application the program belongs to
     critical: bool = False  # the program is on its application's critical path
+    scope: Optional[str] = None  # the sender's scope (``SCOPE_KEY``), with or without a program id
 
     @property
     def has_program(self) -> bool:
@@ -333,8 +336,10 @@ def parse_program_meta(
     if custom_params is not None and not isinstance(custom_params, Mapping):
         report(None, f"custom_params must be an object, got {type(custom_params).__name__}")
     program_id, source = _read_id(params, session_id, routing_key, report)
+    scope = params.get(SCOPE_KEY)
+    scope = scope if is_scope(scope) else None  # a bad one is reported by ``_read_id`` with an id
     if program_id is None:
-        return NO_PROGRAM
+        return NO_PROGRAM if scope is None else ProgramMeta(scope=scope)
 
     is_last = False
     last_step = _first(params, LAST_STEP_ALIASES)
@@ -355,8 +360,8 @@ def parse_program_meta(
     except _Malformed as exc:
         report(program_id, str(exc))
     hints = _read_hints(params, program_id, report)
-    if "app_id" in hints and is_scope(params.get(SCOPE_KEY)):  # one tenant's application is not another's
-        hints["app_id"] = scoped_program_id(params[SCOPE_KEY], hints["app_id"])
+    if "app_id" in hints and scope is not None:  # one tenant's application is not another's
+        hints["app_id"] = scoped_program_id(scope, hints["app_id"])
     return ProgramMeta(
         program_id=program_id,
         is_last_step=is_last,
@@ -364,6 +369,7 @@ def parse_program_meta(
         step=step,
         source=source,
         announces_end=announced,
+        scope=scope,
         **hints,
     )
 

@@ -74,7 +74,7 @@ class Pinning:
         if ttl <= 0:
             logger.debug("continuum: program=%s tool=%s ttl=0; no pin", pid, tool)
             return
-        pin = Pin(pid, context_tokens, now + ttl, state.arrival_rank, now, handle=handle)
+        pin = Pin(pid, context_tokens, now + ttl, state.arrival_rank, now, handle=handle, scope=state.scope)
         while self.pins.pinned_tokens + context_tokens > self.pins.limit(resident > 0):
             stale = self.shedding.stale(now, keep=pid)
             if stale is None:

@@ -3,7 +3,9 @@
 Engine-agnostic: a pin carries an opaque ``handle`` (the engine's lock) that the caller releases
 when the table hands the pin back. The table enforces a token budget and answers three questions
 in logarithmic time whatever the number of pins: which pins expired (deadline heap), which pin to
-shed under pressure (latest program arrival first), and how many tokens are pinned.
+shed under pressure (latest program arrival first), and how many tokens are pinned. With scoped
+program ids the budget is shared fairly between scopes (``PinTable(scoped=True)``): a pin sheds
+another scope's only while that scope holds more than its share.
 """
 
 from __future__ import annotations
@@ -31,19 +33,62 @@ class Pin:
     handle: Any = None
     overstay: bool = False  # deadline already extended once because a turn of the program waited
     tier: Tier = Tier.DEVICE
+    scope: Optional[str] = None  # its program's sender (``scopes.py``): the share of the budget it counts in
     seq: int = field(default=0, compare=False)
 
 
 CHANGE_LOG = 4096
 
 
+class _ScopeShares:
+    """What each scope's pins hold, and each scope's pins latest-ranked first (lazy heaps, as the
+    table's): the budget's fair shares between scopes (``PinTable(scoped=True)``)."""
+
+    def __init__(self) -> None:
+        self.tokens: dict[Optional[str], int] = {}
+        self.count: dict[Optional[str], int] = {}
+        self.latest: dict[Optional[str], list[tuple[int, int, Pin]]] = {}  # (-arrival_rank, -seq, pin)
+        self._largest: list[tuple[int, int, Optional[str]]] = []  # (-tokens, push order, scope), lazy
+        self._pushes = itertools.count()
+
+    def added(self, pin: Pin) -> None:
+        scope = pin.scope
+        self.tokens[scope] = self.tokens.get(scope, 0) + pin.tokens
+        self.count[scope] = self.count.get(scope, 0) + 1
+        heapq.heappush(self.latest.setdefault(scope, []), (-pin.arrival_rank, -pin.seq, pin))
+        self._push(scope)
+
+    def removed(self, pin: Pin) -> None:
+        scope = pin.scope
+        self.count[scope] -= 1
+        self.tokens[scope] -= pin.tokens
+        if self.count[scope] == 0:
+            del self.tokens[scope], self.count[scope], self.latest[scope]
+        else:
+            self._push(scope)
+
+    def largest(self) -> Optional[str]:
+        """The scope whose pins hold the most tokens (None: no pins, or the unscoped scope's)."""
+        heap = self._largest
+        while heap and self.tokens.get(heap[0][2], -1) != -heap[0][0]:
+            heapq.heappop(heap)
+        return heap[0][2] if heap else None
+
+    def _push(self, scope: Optional[str]) -> None:
+        heapq.heappush(self._largest, (-self.tokens[scope], next(self._pushes), scope))
+        if len(self._largest) > 2 * len(self.tokens) + 64:
+            self._largest = [(-t, next(self._pushes), s) for s, t in self.tokens.items()]
+            heapq.heapify(self._largest)
+
+
 class PinTable:
     """Pins keyed by program id; deadline heap and shed heap with lazy deletion."""
 
-    def __init__(self, budget_tokens: int, *, ceiling_tokens: Optional[int] = None) -> None:
+    def __init__(self, budget_tokens: int, *, ceiling_tokens: Optional[int] = None, scoped: bool = False) -> None:
         """``budget_tokens``: what pins may hold; ``ceiling_tokens`` (at least the budget): what
         they may hold with the resident pins among them (``add(resident=True)``), whose room the
-        door already keeps for their programs."""
+        door already keeps for their programs. ``scoped``: the budget is shared fairly between the
+        pins' scopes (``add``)."""
         if budget_tokens < 0:
             raise ValueError("budget must be >= 0")
         self.budget_tokens = int(budget_tokens)
@@ -57,6 +102,7 @@ class PinTable:
         # (version, program id or None for "all") of the latest changes: lets a caller that
         # cached per-program state since version v update only the programs that changed
         self._changes: deque[tuple[int, Optional[str]]] = deque(maxlen=CHANGE_LOG)
+        self.shares = _ScopeShares() if scoped else None
 
     # -- queries -------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -109,10 +155,10 @@ class PinTable:
         keeps the program resident, so the pins may fill the ceiling rather than the budget.
 
         Released are the program's previous pin (if any) and, when the limit would be exceeded,
-        victims taken latest program arrival first among programs that arrived after ``pin``'s.
-        Whether that can make room is decided before anything is shed: a pin that cannot be
-        stored (larger than the budget, or the budget is held by earlier programs) is refused
-        and sheds nobody.
+        victims taken latest program arrival first among programs that arrived after ``pin``'s
+        (``scoped``: see ``_victim``). Whether that can make room is decided before anything is
+        shed: a pin that cannot be stored (larger than the budget, or the budget is held by
+        earlier programs) is refused and sheds nobody.
         """
         released: list[Pin] = []
         old = self.pop(pin.program_id)
@@ -123,7 +169,10 @@ class PinTable:
             return False, released
         victims: list[Pin] = []
         while self.pinned_tokens + pin.tokens > limit:
-            latest = self.pop_latest(ranked_after=pin.arrival_rank)
+            if self.shares is None:
+                latest = self.pop_latest(ranked_after=pin.arrival_rank)
+            else:
+                latest = self._victim(pin, limit)
             if latest is None:  # the rest of the budget belongs to earlier programs: refuse
                 for victim in victims:
                     self._restore(victim)
@@ -133,10 +182,12 @@ class PinTable:
         pin.seq = next(self._seq)
         self._pins[pin.program_id] = pin
         self.pinned_tokens += pin.tokens
+        if self.shares is not None:
+            self.shares.added(pin)
         self._bump(pin.program_id)
         heapq.heappush(self._by_deadline, (pin.deadline, pin.seq, pin))
         heapq.heappush(self._by_arrival, (-pin.arrival_rank, -pin.seq, pin))
-        self._maybe_compact()
+        self._maybe_compact(pin.scope)
         return True, released
 
     def pop(self, program_id: str) -> Optional[Pin]:
@@ -201,8 +252,39 @@ class PinTable:
             self._remove(found)
         return found
 
+    def _victim(self, pin: Pin, limit: int) -> Optional[Pin]:
+        """The pin ``pin`` sheds when the budget is shared between scopes, each a fair share
+        (``limit`` over the scopes holding pins, ``pin``'s counted): the unscoped rule (latest
+        first among programs ranked after it) over its own scope's pins and those of the largest
+        scope while that one holds more than its share. So a scope's pins within its share are
+        never shed for another's, and with one scope this is the unscoped rule exactly."""
+        shares = self.shares
+        assert shares is not None
+        share = limit / (len(shares.tokens) + (pin.scope not in shares.tokens))
+        largest = shares.largest()
+        candidates = [pin.scope]
+        if largest != pin.scope and largest in shares.tokens and shares.tokens[largest] > share:
+            candidates.append(largest)
+        heads = [(head.arrival_rank, head.seq, scope) for scope in candidates if (head := self._head(scope))]
+        heads = [h for h in heads if h[0] > pin.arrival_rank]
+        return self._pop_scope(max(heads)[2]) if heads else None
+
+    def _head(self, scope: Optional[str]) -> Optional[Pin]:
+        """The latest-ranked pin of ``scope`` (stale heap entries dropped)."""
+        heap = self.shares.latest.get(scope, [])
+        while heap and self._pins.get(heap[0][2].program_id) is not heap[0][2]:
+            heapq.heappop(heap)
+        return heap[0][2] if heap else None
+
+    def _pop_scope(self, scope: Optional[str]) -> Pin:
+        pin = heapq.heappop(self.shares.latest[scope])[2]
+        self._remove(pin)
+        return pin
+
     def clear(self) -> list[Pin]:
         pins = list(self._pins.values())
+        if self.shares is not None:
+            self.shares = _ScopeShares()
         self._pins.clear()
         self._by_deadline.clear()
         self._by_arrival.clear()
@@ -222,17 +304,30 @@ class PinTable:
         ids = {id(p) for p in self._pins.values()}
         assert live_d == ids, "deadline heap out of sync"
         assert live_a == ids, "arrival heap out of sync"
+        if self.shares is not None:
+            tokens: dict[Optional[str], int] = {}
+            for p in self._pins.values():
+                tokens[p.scope] = tokens.get(p.scope, 0) + p.tokens
+            assert self.shares.tokens == tokens, "scope shares out of date"
+            live_s = {
+                id(p) for heap in self.shares.latest.values() for _, _, p in heap if self._pins.get(p.program_id) is p
+            }
+            assert live_s == ids, "scope heaps out of sync"
 
     # -- internals -----------------------------------------------------------------------
     def _remove(self, pin: Pin) -> None:
         del self._pins[pin.program_id]
         self.pinned_tokens -= pin.tokens
+        if self.shares is not None:
+            self.shares.removed(pin)
         self._bump(pin.program_id)
 
     def _restore(self, pin: Pin) -> None:
         """Undo ``_remove`` of a tentative victim (its deadline entry is still in the heap)."""
         self._pins[pin.program_id] = pin
         self.pinned_tokens += pin.tokens
+        if self.shares is not None:
+            self.shares.added(pin)
         self._bump(pin.program_id)
         heapq.heappush(self._by_arrival, (-pin.arrival_rank, -pin.seq, pin))
 
@@ -249,7 +344,7 @@ class PinTable:
         while heap and not live(heap[0]):
             heapq.heappop(heap)
 
-    def _maybe_compact(self) -> None:
+    def _maybe_compact(self, scope: Optional[str] = None) -> None:
         # Lazy deletion leaves dead entries behind; rebuild when they outnumber the live ones so
         # memory stays O(pins) and each operation stays O(log pins) amortised.
         limit = 2 * len(self._pins) + 64
@@ -259,6 +354,10 @@ class PinTable:
         if len(self._by_arrival) > limit:
             self._by_arrival = [(-p.arrival_rank, -p.seq, p) for p in self._pins.values()]
             heapq.heapify(self._by_arrival)
+        shares = self.shares
+        if shares is not None and len(heap := shares.latest.get(scope, ())) > 2 * shares.count.get(scope, 0) + 64:
+            shares.latest[scope] = [e for e in heap if self._pins.get(e[2].program_id) is e[2]]
+            heapq.heapify(shares.latest[scope])
 
 
 SURVIVAL_WINDOW = 256  # pin outcomes (hit, or shed and its program came back) the survival reads

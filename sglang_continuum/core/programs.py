@@ -53,7 +53,7 @@ PIN_SHED = "shed-"  # + the shed's reason (``ShedCounters``): given back under m
 @dataclass(slots=True)
 class ProgramState:
     program_id: str
-    arrival_rank: int  # program-level FCFS rank: the arrival order of its first turn
+    arrival_rank: int  # program-level FCFS rank: the arrival order of its first turn (scoped ids: ``scopes.py``)
     last_seen: float
     turns_arrived: int = 0
     turns_admitted: int = 0
@@ -63,6 +63,7 @@ class ProgramState:
     pending_tool: Optional[str] = None  # tool called by the last finished turn, not yet returned
     tool_hint_s: Optional[float] = None  # the client's forecast of that call's duration
     app_id: Optional[str] = None  # the multi-agent application it belongs to (a client hint)
+    scope: Optional[str] = None  # its sender's scope (``metadata.SCOPE_KEY``): its pins' share (``pins.py``)
     critical: bool = False  # on that application's critical path (a client hint, its latest turn's)
     context_tokens: int = 0  # its context as of its latest admitted or finished turn
     first_step: Optional[int] = None  # the client's step number of the first turn seen here

@@ -67,7 +67,8 @@ class ContinuumSettings(BaseModel):
         None,
         description="HTTP header whose value scopes program ids: each value (a bearer token with "
         "'authorization', a tenant with a gateway's tenant header) is its own namespace, so a client "
-        "can end or join only programs sent with the same value; unset: one namespace for every client",
+        "can end or join only programs sent with the same value, and each value takes a fair share of "
+        "the queue and of the pins; unset: one namespace for every client",
     )
     # host tier (--enable-hierarchical-cache)
     offload_to_host: bool = Field(

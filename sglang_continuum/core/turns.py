@@ -19,7 +19,9 @@ class TurnTag:
 
     meta: ProgramMeta
     request_rank: int  # arrival order of this request
-    program_rank: int  # arrival order of its program's first turn (== request_rank without a program)
+    # its program's place: its first turn's arrival order (== request_rank without a program); with
+    # scoped ids, its fair rank between scopes (``scopes.py``)
+    program_rank: int
     arrival: float = 0.0
     returning_miss: bool = False  # a later turn whose program held no pin when it arrived
     held_back: bool = False  # admission control kept it waiting at least once

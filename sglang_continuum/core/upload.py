@@ -126,7 +126,9 @@ class Uploads:
         host = upload.host
         state = self.programs.get(host.program_id)
         released = self.host.drop(host.program_id)
-        pin = Pin(host.program_id, host.tokens, upload.deadline, host.arrival_rank, now, handle=handle)
+        pin = Pin(
+            host.program_id, host.tokens, upload.deadline, host.arrival_rank, now, handle=handle, scope=host.scope
+        )
         stored, pushed = self.pinning.adopt(pin, state)
         if stored and state is not None:
             self.counters.started += 1

@@ -760,3 +760,40 @@ def test_a_later_agent_of_an_earlier_application_is_admitted_before_a_later_appl
     driver.run_until_idle()
     assert driver.req(a).finished() and driver.req(b).finished()
     assert driver.admitted.index(a) < driver.admitted.index(b)
+
+
+def test_with_scoped_ids_a_tenants_first_turn_is_not_held_behind_anothers_burst(driver, monkeypatch):
+    """Fair shares between scopes (``program_scope_header``) in SGLang's own queue: tenant A's six
+    new programs wait at the door while a pinned program and a decode fill the working set (the
+    first of them went in); tenant B's first turn arrives after them. Once room frees, B's goes in
+    ahead of A's second: one program of each scope per round. By arrival alone it went last."""
+    from sglang_continuum.core.metadata import SCOPE_KEY, scope_of, scoped_program_id
+    from sglang_continuum.core.scopes import ScopeRanks
+
+    rng = random.Random(113)
+    drain_pins(driver)
+    cache = driver.s.tree_cache
+    controller = cache.controller
+    sized_by_todays_contexts(monkeypatch, controller)
+    monkeypatch.setattr(controller, "scopes", ScopeRanks(enabled=True))  # what the setting builds
+    a, b = {SCOPE_KEY: scope_of("tenant-a")}, {SCOPE_KEY: scope_of("tenant-b")}
+    driver.submit(tokens(rng, 400), max_new_tokens=4, custom_params=meta("fair-old", "fast"))
+    driver.run_until_idle()
+    assert "fair-old" in controller.pins
+    x = driver.submit(tokens(rng, 20), max_new_tokens=100)  # a decode: holding back would not idle
+    driver.step()
+    burst = [
+        driver.submit(tokens(rng, 330), max_new_tokens=8, custom_params={**meta(f"fa-{i}"), **a}) for i in range(6)
+    ]
+    driver.step()
+    later = driver.submit(tokens(rng, 330), max_new_tokens=8, custom_params={**meta("fb-0"), **b})
+    for _ in range(3):
+        driver.step()
+    assert burst[0] in driver.admitted and later not in driver.admitted and burst[1] not in driver.admitted
+    cache.end_program("fair-old")  # room for the next one
+    driver.run_until_idle()
+    assert all(driver.req(rid).finished() for rid in [*burst, later, x])
+    assert driver.admitted.index(later) < driver.admitted.index(burst[1])
+    for scope, pid in [(a, f"fa-{i}") for i in range(6)] + [(b, "fb-0")]:
+        cache.end_program(scoped_program_id(scope[SCOPE_KEY], pid))
+    cache.check_integrity()
