@@ -7,7 +7,10 @@ its program resident (``residency.py``: such a pin may fill the pins' ceiling, n
 budget), capped at ``max_ttl_s``. A pin that does not fit pushes out stale pins first, then the pin table
 pushes out later programs' pins (``pins.py``). Which pin is shed for a blocked turn is
 ``shedding.py``'s choice; every shed is counted here by its reason, and a shed pin whose program
-comes back (or had already come back) is a miss the cost model's pin survival reads.
+comes back (or had already come back) is a miss the cost model's pin survival reads. A turn the
+TTL lets go whose prefix an upload should bring back (``upload.py``: a host tier, predictive
+upload, the client's forecast of its call) is pinned for ``HANDOFF_S``: its expiry at the next step
+offloads the prefix to a protected host copy, which is what an upload loads back.
 
 Pure: the adapter releases the locks of the pins handed back; the controller routes events here.
 """
@@ -37,6 +40,7 @@ from sglang_continuum.core.ttl import TTLModel, TTLQuery
 from sglang_continuum.core.turns import FinishOutcome
 
 logger = logging.getLogger(__name__)
+HANDOFF_S = 1e-6  # a pin that expires at the next step, whatever the step's length
 
 
 class Pinning:
@@ -61,6 +65,8 @@ class Pinning:
         self.counters = PinCounters()
         self.sheds = ShedCounters()
         self.survival = PinSurvival()
+        # a finished turn the TTL lets go whose prefix still goes to host (``Uploads.wants_host_copy``)
+        self.hands_off: Callable[[ProgramState], bool] = lambda state: False
 
     def pin(self, out: FinishOutcome, state: ProgramState, tool: str, context_tokens: int, handle, now: float) -> None:
         """Pin the finished turn's prefix for the TTL model's time, or the door's while it keeps the program
@@ -71,7 +77,9 @@ class Pinning:
             max(self.ttl_model.ttl(TTLQuery(tool, context_tokens, state.tool_hint_s)), resident), self.max_ttl_s
         )
         state.pin_end = PIN_NONE  # until a pin is stored
-        if ttl <= 0:
+        if ttl <= 0 and self.hands_off(state):
+            ttl = HANDOFF_S  # a pin of one step: its expiry sends the prefix to host for an upload
+        elif ttl <= 0:
             logger.debug("continuum: program=%s tool=%s ttl=0; no pin", pid, tool)
             return
         pin = Pin(pid, context_tokens, now + ttl, state.arrival_rank, now, handle=handle, scope=state.scope)

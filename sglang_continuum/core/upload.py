@@ -82,6 +82,7 @@ class Uploads:
         self._host_version = -1
         self._live: dict[str, tuple[Pin, int]] = {}  # uploaded device pins: (pin, turns admitted then)
         self._gap: dict[str, float] = {}  # programs uploaded once this tool call: its turn's finish time
+        pinning.hands_off = self.wants_host_copy  # a turn let go still goes to host for an upload
 
     def due(self, now: float, room_tokens: int, *, contended: bool) -> list[Upload]:
         """Host pins to load back now, each with its device pin's deadline. ``room_tokens``: free
@@ -137,6 +138,13 @@ class Uploads:
             self._gap[pin.program_id] = state.last_finish
             state.pin_shed = False  # the shed that sent it to host cost its return nothing
         return [*released, *pushed] if stored else [*released, *pushed, pin]
+
+    def wants_host_copy(self, state) -> bool:
+        """Whether a finished turn the TTL lets go still goes to host through a pin of one step
+        (``pinning.HANDOFF_S``): with a host tier and predictive upload, when its client forecast
+        its call. Without it, SGLang demotes the prefix only when the pool evicts it, unprotected,
+        and no host pin tells an upload where it is."""
+        return self.enabled and self.host.attached and state.tool_hint_s is not None
 
     def failed(self, upload: Upload) -> None:
         self.counters.failed += 1

@@ -252,6 +252,21 @@ def test_hints_travel_only_when_asked_and_a_tool_time_only_on_a_turn_that_calls_
     assert sent["app_id"] == "a" and sent["critical"] is True and sent["tool_time_s"] == 1.5
 
 
+def test_sessions_with_hints_send_every_turns_tool_time_and_nothing_else():
+    """``--sessions --hints``: no application, so every program's turns carry their (capped) tool
+    time as the forecast, and no ``app_id`` or ``critical``."""
+    from continuum_lab.bench.sessions import session_programs
+
+    (app,) = _parse(_app({"a": []}, {"a": (30.0,)}))
+    program = next(session_programs([app.program(app.agents[0])], seed=1, max_gap_s=10.0))
+    assert hinted(None, program, 0, tool_times=True) == {"tool_time_s": 10.0}
+    assert hinted(None, program, 1, tool_times=True) == {}
+    replayer = Replayer("http://unused")
+    replayer.tool_times = True
+    sent = replayer._body(program, 0, [5])[1]["sampling_params"]["custom_params"]
+    assert sent["tool_time_s"] == 10.0 and not {"app_id", "critical"} & set(sent)
+
+
 def test_the_replay_client_starts_each_agent_after_its_dependencies(monkeypatch):
     async def fake_send(self, client, rec, path, body, headers):
         await asyncio.sleep(0.01)

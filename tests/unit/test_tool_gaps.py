@@ -214,3 +214,25 @@ def test_the_application_table_is_bounded():
     assert len(apps) == 3 and apps.rank("app-9", 99, 10.0) == 9 and apps.rank("app-0", 100, 10.0) == 100
     assert apps.rank(None, 7, 10.0) == 7
     apps.check_integrity()
+
+
+def test_a_turn_the_ttl_lets_go_goes_to_host_for_an_upload_when_its_client_forecast_its_call():
+    """With HiCache the TTL model lets most prefixes go (a load is cheap), so no device pin ends
+    in a host pin and an upload had nothing to load back. With predictive upload and a hint, the
+    let-go turn is pinned for one step: its expiry makes the protected host copy, and the upload
+    comes the load's time before the forecast return. Without the hint, or the setting: no pin."""
+    for upload, hint, hands_off in ((True, 5.0, True), (True, None, False), (False, 5.0, False)):
+        c, clock = controller(fixed_ttl_s=0.0, host_ttl_s=60.0, predictive_upload=upload)
+        c.attach_host_tier(reload=RELOAD, host_budget_tokens=10_000, hold_cost=0.5)
+        c.turn_arrived(ProgramMeta("p"))
+        out = c.turn_finished(ProgramMeta("p", tool_time_s=hint), context_tokens=100, tool="t", handle="lock")
+        assert out.ttl == 0 and (out.pin is not None) == hands_off
+        clock.advance(0.01)
+        expired = c.step(lambda _: False).expired
+        assert [p.program_id for p in expired] == (["p"] if hands_off else [])
+        if hands_off:
+            c.offload(expired[0]).pin.handle = "host-p"
+            clock.advance(5.0 - 0.01 - 0.1 + 0.01)
+            [up] = c.uploads.due(clock(), 10_000, contended=True)
+            assert up.host.handle == "host-p"
+        c.check_integrity()

@@ -192,13 +192,16 @@ def shared_prompt_key(program: Program, turn: int) -> Optional[str]:
     return f"group:{program.group}" if turn == 0 and program.group is not None else None
 
 
-def hinted(hints: Optional[dict[str, dict]], program: Program, turn: int) -> dict:
+def hinted(hints: Optional[dict[str, dict]], program: Program, turn: int, *, tool_times: bool = False) -> dict:
     """The client hints a turn carries (``continuum_custom_params``' ``app_id``, ``critical`` and
-    ``tool_time_s``): none unless ``hints`` names the program (``bench/applications.py``); the tool
-    time only on a turn that calls a tool (the server reads none of 0 s)."""
+    ``tool_time_s``): none unless ``hints`` names the program (``bench/applications.py``) or
+    ``tool_times`` (sessions with ``--hints``: every program's turns their tool time, the recorded
+    gap as an exact forecast); the tool time only on a turn that calls a tool (the server reads none
+    of 0 s)."""
     extra = (hints or {}).get(program.program_id)
-    if extra is None:
+    if extra is None and not tool_times:
         return {}
+    extra = extra or {}
     seconds = program.turns[turn].tool_duration_s
     return {**extra, **({"tool_time_s": seconds} if seconds > 0 else {})}
 
@@ -257,6 +260,7 @@ class Replayer:
         self.client_retries = client_retries
         self.transport = transport  # an in-process server instead of the network
         self.hints: Optional[dict[str, dict]] = None  # program id -> its application hints (``hinted``)
+        self.tool_times = False  # every turn hints its tool time (``hinted``)
         self.t0 = 0.0
 
     def _now(self) -> float:
@@ -266,7 +270,11 @@ class Replayer:
         turn = program.turns[i]
         last = i == len(program.turns) - 1
         custom = continuum_custom_params(
-            program.program_id, last_step=last, tool_name=turn.tool, step=i + 1, **hinted(self.hints, program, i)
+            program.program_id,
+            last_step=last,
+            tool_name=turn.tool,
+            step=i + 1,
+            **hinted(self.hints, program, i, tool_times=self.tool_times),
         )
         headers = routing_headers(program.program_id) if self.identity != "none" else {}
         if self.api == "sglang":

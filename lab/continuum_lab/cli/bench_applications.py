@@ -43,14 +43,18 @@ PROGRAM_FIGURES = ("tokens_per_s", "mean_turn_wait_s", "max_request_wait_s", "ma
 def add_application_arguments(ap) -> None:
     ap.add_argument("--applications", type=Path, help="multi-agent applications, JSONL (workloads/applications.py)")
     ap.add_argument("--aps", help="--applications: applications per second (default 0.5), a list sweeps: 0.25,0.5")
-    ap.add_argument("--hints", action="store_true", help="--applications: send app_id, critical and tool times")
+    ap.add_argument(
+        "--hints",
+        action="store_true",
+        help="--applications: send app_id, critical and tool times; --sessions: tool times",
+    )
     ap.add_argument("--kv-sample-s", type=float, default=1.0, help="--applications: sample KV use this often (s)")
 
 
 def check_application_arguments(ap, args) -> None:
     if not args.applications:
-        if args.aps or args.hints:
-            ap.error("--aps and --hints go with --applications")
+        if args.aps or (args.hints and not args.sessions):
+            ap.error("--aps goes with --applications, --hints with --applications or --sessions")
         return
     given = {"--workload": args.workload is not None, "--rollout": bool(args.rollout), "--sessions": bool(args.sessions),
              "--jps": args.jps is not None, "--load": args.load is not None, "--tool-ratio": args.tool_ratio is not None,

@@ -41,6 +41,7 @@ def server_runs(grid, args, programs, server_args: list[str], env: dict, server_
         replayer = Replayer("", api=args.api, vocab=args.vocab, seed=seed, identity=args.identity,
                             scrape_at=(protocol.warmup_s,), client_timeout_s=protocol.client_timeout_s,
                             client_retries=protocol.client_retries)  # fmt: skip
+        replayer.tool_times = args.hints
         server_env = {**policy_env, **env, "SGLANG_CONTINUUM_EVENT_LOG": str(events)}
         with SGLangServer(args.model, [*flags, *server_args], env=server_env, log_path=log,
                           cpu=not args.gpu, cpus=server_cpus) as server:  # fmt: skip

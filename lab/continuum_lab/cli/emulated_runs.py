@@ -61,6 +61,7 @@ def emulated_runs(grid, args, pool: int, extra_env: dict, workloads: Optional[di
             cmd[cmd.index("--jps") : cmd.index("--jps") + 2] = ["--jps", "0", "--sessions", str(int(jps))]
             cmd += ["--window-s", str(args.window_s), "--warmup-s", str(args.warmup_s)]
             cmd += [] if args.max_gap_s is None else ["--max-gap-s", str(args.max_gap_s)]
+            cmd += ["--hints"] if args.hints else []
         if applications:  # agents started as their dependencies end, applications at ``jps`` per second
             cmd[0:2] = ["--applications", str(applications), "--kv-sample-s", str(args.kv_sample_s)]
             cmd += ["--hints"] if args.hints else []

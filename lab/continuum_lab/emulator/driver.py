@@ -138,6 +138,7 @@ class ClosedLoopDriver:
         self._sessions: Optional[Iterator[Program]] = None  # the next sessions (run_sessions)
         self.counters_at: dict[float, dict] = {}  # mark -> cumulative counters then
         self.hints: Optional[dict[str, dict]] = None  # program id -> its application hints (``hinted``)
+        self.tool_times = False  # every turn hints its tool time (``hinted``)
         self.on_program_end: Optional[Callable[[Program, float], None]] = None  # (program, when) as it ends
         self.kv_every_s = kv_every_s  # > 0: sample the KV pool's use this often (virtual s)
         self.kv_samples: list[list[float]] = []  # [t, used share, occupied share] (``_sample_kv``)
@@ -167,7 +168,11 @@ class ClosedLoopDriver:
         last = i == len(spec.turns) - 1
         custom = (
             continuum_custom_params(
-                spec.program_id, last_step=last, tool_name=turn.tool, step=i + 1, **hinted(self.hints, spec, i)
+                spec.program_id,
+                last_step=last,
+                tool_name=turn.tool,
+                step=i + 1,
+                **hinted(self.hints, spec, i, tool_times=self.tool_times),
             )
             if self.send_program_id
             else None

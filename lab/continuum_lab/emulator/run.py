@@ -163,6 +163,7 @@ def emulate(
                 from continuum_lab.bench.sessions import session_programs
 
                 source = session_programs(programs, seed, sessions.max_gap_s)
+                driver.tool_times = hints
                 result = driver.run_sessions(source, sessions.concurrency, sessions.start_times(), sessions.end_s)
                 driver.counters_at.setdefault(sessions.end_s, driver.counters())
             if bar is not None:
@@ -256,7 +257,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workload", type=Path, help="the programs (required unless --applications)")
     ap.add_argument("--applications", type=Path, help="multi-agent applications arriving at --jps per second")
-    ap.add_argument("--hints", action="store_true", help="applications: send app_id, critical and tool times")
+    ap.add_argument("--hints", action="store_true", help="send app_id, critical and tool times (sessions: tool times)")
     ap.add_argument("--kv-sample-s", type=float, default=0.0, help="sample the KV pool's use this often (s)")
     ap.add_argument("--policy", required=True)
     ap.add_argument("--profile", type=Path, required=True)
