@@ -296,9 +296,14 @@ _default_report = MalformedReporter()
 
 
 def _read_id(
-    params: Mapping[str, Any], session_id: Any, routing_key: Any, report: Callable[[Optional[str], str], None]
+    params: Mapping[str, Any],
+    session_id: Any,
+    routing_key: Any,
+    report: Callable[[Optional[str], str], None],
+    scope: Any,
 ) -> tuple[Optional[str], str]:
-    """The effective program id (scoped) and its source; (None, ...) when there is none."""
+    """The effective program id (scoped by ``scope``, ``params[SCOPE_KEY]`` as sent) and its source;
+    (None, ...) when there is none."""
     program_id: Optional[str] = None
     source = SOURCE_PROGRAM_ID
     try:
@@ -312,7 +317,6 @@ def _read_id(
             program_id, source = _read_program_id(fallback), name
         except _Malformed as exc:
             report(None, f"{name}: {exc}")
-    scope = params.get(SCOPE_KEY)
     if program_id is None or scope is None:
         return program_id, source
     if not is_scope(scope):  # only the HTTP process writes it: never fall back to unscoped
@@ -335,9 +339,9 @@ def parse_program_meta(
     params: Mapping[str, Any] = custom_params if isinstance(custom_params, Mapping) else {}
     if custom_params is not None and not isinstance(custom_params, Mapping):
         report(None, f"custom_params must be an object, got {type(custom_params).__name__}")
-    program_id, source = _read_id(params, session_id, routing_key, report)
-    scope = params.get(SCOPE_KEY)
-    scope = scope if is_scope(scope) else None  # a bad one is reported by ``_read_id`` with an id
+    raw_scope = params.get(SCOPE_KEY)
+    program_id, source = _read_id(params, session_id, routing_key, report, raw_scope)
+    scope = raw_scope if is_scope(raw_scope) else None  # a bad one is reported by ``_read_id`` with an id
     if program_id is None:
         return NO_PROGRAM if scope is None else ProgramMeta(scope=scope)
 

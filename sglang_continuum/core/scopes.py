@@ -54,7 +54,7 @@ class ScopeRanks:
     def admitted(self, rank: int) -> None:
         """A turn of the program ranked ``rank`` was admitted: the clock reaches its start."""
         if self.enabled:
-            self.clock = max(self.clock, rank >> ARRIVAL_BITS)
+            self.clock = max(self.clock, self.start(rank))
 
     @staticmethod
     def start(rank: int) -> int:
