@@ -231,6 +231,10 @@ printf '%s\n' "PYTHONPATH=$PYTHONPATH" "$*" >> "$CALLS"
 case "$*" in
   *"import os, torch"*) echo /fake/torch ;;
   "-m continuum_lab.cli.gpu_bundle env") exec "$REAL_PYTHON" "$@" ;;
+  # the real smoke waits for the server to answer; this one for the background server's line,
+  # so the kill that follows cannot land before the server has recorded its call
+  "-m continuum_lab.cli.gpu_bundle smoke"*)
+    for _ in $(seq 300); do grep -q -- "^-m sglang.launch_server" "$CALLS" && break; sleep 0.1; done ;;
 esac
 exit 0
 """
