@@ -10,13 +10,17 @@ next turn, if one comes, continues it. Whether that first turn is already a prog
 traffic (``core/first_turns.py``): while most such requests were continued lately, it is (its first
 tool gap is pinned like any later one, as an agent that sends ids gets); otherwise it is served
 exactly as under FCFS (no program: no pin, no program order, no admission control), so
-single-shot traffic never pays for pins. A first turn taken as a program that is not continued
+single-shot traffic never pays for pins. With ``program_scope_header`` a request only ever continues
+a context its own scope recorded: each scope's fingerprints carry a salt of its own, keyed by a
+secret of this process, so a tenant can neither join another's inferred program nor crowd its keys. A first turn taken as a program that is not continued
 within the horizon first turns are watched for is single-shot after all: ``single_shot`` drops it
 (its pin released), and its context stays provisional, so a late next turn still finds it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Callable, Optional
 
@@ -29,6 +33,7 @@ if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
 
 FIRST_TURN_ATTR = "_continuum_first_turn"  # the id a request that continued nothing opened
+SALT_ATTR = "_continuum_scope_salt"  # its scope's salt: what it finishes is recorded under it
 # how long a single request's context waits for a next turn to make it a program: longer than a
 # tool call takes, far shorter than single-shot traffic takes to fill the index
 PROVISIONAL_TTL_S = 300.0
@@ -56,16 +61,28 @@ class ProgramInference:
         self._provisional: OrderedDict[str, float] = OrderedDict()
         self.first_turns = FirstTurns()
         self._log = event_log
+        self._salt_key = os.urandom(16)  # salts no client can compute, so none can aim a collision
+
+    def salt(self, scope: Optional[str]) -> int:
+        """The fingerprints' salt of ``scope`` (0 unscoped): one hash of a short string."""
+        if scope is None:
+            return 0
+        digest = hashlib.blake2b(scope.encode("utf-8", "surrogatepass"), digest_size=8, key=self._salt_key)
+        return int.from_bytes(digest.digest(), "little") or 1
 
     def alive(self, program_id: str) -> bool:
         """A recorded context may still be continued: its program is registered, or provisional."""
         return program_id in self._provisional or self._registered(program_id)
 
-    def attribute(self, req: "Req") -> ProgramMeta:
-        """The program ``req`` (no explicit id) continues; else a new id, kept on the request, which
-        is a new program's if first turns are lately continued, else nobody's (provisional)."""
+    def attribute(self, req: "Req", scope: Optional[str] = None) -> ProgramMeta:
+        """The program ``req`` (no explicit id, sent under ``scope``) continues; else a new id, kept
+        on the request, which is a new program's if first turns are lately continued, else nobody's
+        (provisional)."""
         self.expire()
-        pid = self.index.match(req.origin_input_ids, self.alive)
+        salt = self.salt(scope)
+        if salt:
+            setattr(req, SALT_ATTR, salt)
+        pid = self.index.match(req.origin_input_ids, self.alive, salt=salt)
         if pid is not None:
             self._provisional.pop(pid, None)  # it is a program now
             self.first_turns.continued(pid, self._clock())
@@ -130,7 +147,7 @@ class ProgramInference:
         except TypeError:
             context = list(req.origin_input_ids) + list(req.output_ids)
         if prompt > 0:
-            self.index.record(program_id, context, prompt, len(context))
+            self.index.record(program_id, context, prompt, len(context), salt=getattr(req, SALT_ATTR, 0))
 
     def check_integrity(self) -> None:
         self.index.check_integrity()

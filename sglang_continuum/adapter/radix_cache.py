@@ -167,7 +167,7 @@ class ContinuumRadixCache(UnifiedRadixCache):
         inference = self.runtime.inference
         if not meta.has_program and inference is not None and not req.rid.startswith(HEALTH_CHECK_RID_PREFIX):
             scope = meta.scope
-            meta = inference.attribute(req)
+            meta = inference.attribute(req, scope)
             if scope is not None:  # an inferred program is its sender's, for fair shares (``core/scopes.py``)
                 meta = replace(meta, scope=scope)
         tag = self.controller.turn_arrived(

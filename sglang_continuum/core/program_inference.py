@@ -30,7 +30,9 @@ arrival costs O(n) numpy once (zero-copy over SGLang's ``array('q')`` ids) plus 
 continuation that appends more than ``max_append_tokens`` at once is not recognised (it is served
 as a new program). A collision or a wrong guess attributes a turn to the wrong program; its pin is
 an ordinary pin under the same budget and shedding rules, so it costs at most a pin's worth of
-memory for a TTL. Pure: no SGLang, no torch.
+memory for a TTL. A ``salt`` (one per scope, ``adapter/inference.py``) is added to every
+fingerprint a record files and a lookup probes: records of two scopes never match each other, and
+one scope's records never crowd another's keys. Pure: no SGLang, no torch.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import numpy as np
 
 _R = np.uint64(0x9E3779B97F4A7C15)  # odd: every power is invertible mod 2^64, no power collapses to 0
 _ONE = np.uint64(1)
+_MASK = (1 << 64) - 1
 DIVERGENCE_TOKENS = 32
 MAX_APPEND_TOKENS = 32_768  # what a continuation may append at once (tool output, the agent's text)
 BLOCK_TOKENS = 64
@@ -97,8 +100,9 @@ class PrefixHasher:
             self._powers = np.cumprod(steps, dtype=np.uint64)
         return self._powers[:n]
 
-    def hashes(self, tokens: Sequence[int], n: int) -> np.ndarray:
-        """The prefix hashes, in a buffer the next call overwrites (copy what must outlive it)."""
+    def hashes(self, tokens: Sequence[int], n: int, salt: int = 0) -> np.ndarray:
+        """The prefix hashes plus ``salt`` (mod 2^64), in a buffer the next call overwrites (copy
+        what must outlive it)."""
         ids = _as_uint64(tokens, n)
         powers = self._powers_upto(n)
         if len(self._scratch) < n:
@@ -107,7 +111,10 @@ class PrefixHasher:
         with np.errstate(over="ignore"):
             np.add(ids, _ONE, out=out)
             np.multiply(out, powers, out=out)
-            return np.cumsum(out, out=out)
+            np.cumsum(out, out=out)
+            if salt:
+                np.add(out, np.uint64(salt & _MASK), out=out)
+            return out
 
     def key(self, tokens: Sequence[int], length: int) -> Key:
         return (length, int(self.hashes(tokens, length)[length - 1]))
@@ -166,14 +173,17 @@ class ProgramIndex:
     def _filed_at(self, length: int) -> int:
         return length - length % self.block if length >= self.block else length
 
-    def record(self, program_id: str, context: Sequence[int], prompt_tokens: int, context_tokens: int) -> None:
+    def record(
+        self, program_id: str, context: Sequence[int], prompt_tokens: int, context_tokens: int, *, salt: int = 0
+    ) -> None:
         """A non-final turn of ``program_id`` finished: its context is ``context[:context_tokens]``,
-        of which the first ``prompt_tokens`` were its prompt. Replaces the program's earlier keys."""
+        of which the first ``prompt_tokens`` were its prompt. Replaces the program's earlier keys.
+        Only a lookup with the same ``salt`` finds them."""
         if not 0 < prompt_tokens <= context_tokens <= len(context):
             raise ValueError(f"bad lengths: prompt {prompt_tokens}, context {context_tokens} of {len(context)}")
         self.forget(program_id)
         deep = max(prompt_tokens + 1, context_tokens - self.divergence_tokens)
-        hashes = self.hasher.hashes(context, context_tokens)
+        hashes = self.hasher.hashes(context, context_tokens, salt)
         lengths = [prompt_tokens] + ([deep] if deep <= context_tokens else [])
         keys = tuple((n, int(hashes[n - 1])) for n in lengths)
         for key in keys:
@@ -194,9 +204,12 @@ class ProgramIndex:
             self.forget(next(iter(self._keys)))
             self.dropped += 1
 
-    def match(self, prompt: Sequence[int], alive: Callable[[str], bool] = lambda pid: True) -> Optional[str]:
-        """The program whose recorded context ``prompt`` strictly extends (deepest key first), its
-        keys consumed; None if there is none, or if the deepest is two live programs' (ambiguous).
+    def match(
+        self, prompt: Sequence[int], alive: Callable[[str], bool] = lambda pid: True, *, salt: int = 0
+    ) -> Optional[str]:
+        """The program whose recorded context ``prompt`` strictly extends (deepest key first, among
+        those recorded with ``salt``), its keys consumed; None if there is none, or if the deepest is
+        two live programs' (ambiguous).
         Programs for which ``alive`` is false are forgotten on the way. Bounded whatever is
         recorded: the hashes of the prompt, one vectorised search over at most
         ``max_append_tokens / block`` block lengths plus one over the lengths of the blocks found,
@@ -210,7 +223,7 @@ class ProgramIndex:
         lengths = np.fromiter(itertools.chain(small, blocks), dtype=np.int64)
         if lengths.size == 0:
             return None
-        hashes = self.hasher.hashes(prompt, n - 1)  # a key must be strictly extended: length <= n - 1
+        hashes = self.hasher.hashes(prompt, n - 1, salt)  # a key must be strictly extended: length <= n - 1
         found = lengths[_present(self._sorted, _codes(lengths, hashes[lengths - 1]))]
         if found.size == 0:
             return None

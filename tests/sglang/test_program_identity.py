@@ -210,3 +210,35 @@ def test_sglang_health_probes_are_not_remembered_as_programs(driver):
     driver.run_until_idle()
     assert bounded.overtake_clock > pace
     cache.check_integrity()
+
+
+def test_an_id_less_request_never_continues_another_scopes_context(driver):
+    """With scoped traffic (the HTTP process writes each sender's scope), tenant B sending the very
+    continuation of tenant A's context is not a turn of A's inferred program: it opens its own.
+    A's own continuation still is A's, onto A's cached prefix."""
+    from sglang_continuum.core.metadata import SCOPE_KEY, scope_of
+
+    rng = random.Random(13)
+    drain_pins(driver)
+    no_first_turn_evidence(driver)
+    cache = driver.s.tree_cache
+    a, b = {SCOPE_KEY: scope_of("tenant-a")}, {SCOPE_KEY: scope_of("tenant-b")}
+    ctx = tokens(rng, 140)
+    r1 = driver.submit(ctx, max_new_tokens=6, custom_params=a)
+    driver.run_until_idle()
+    provisional = driver.req(r1)._continuum_first_turn
+    assert provisional in cache.runtime.inference.index
+    previous = ctx + driver.output_ids(r1)
+    rb = driver.submit(previous + tokens(rng, 12), max_new_tokens=2, custom_params=b)
+    driver.run_until_idle()
+    tag_b = driver.req(rb)._continuum_tag
+    assert tag_b.meta.program_id != provisional and tag_b.meta.source != "inferred"
+    assert provisional in cache.runtime.inference.index  # A's record is untouched
+    ra = driver.submit(previous + tokens(rng, 12), max_new_tokens=2, custom_params=a)
+    driver.run_until_idle()
+    tag_a = driver.req(ra)._continuum_tag
+    assert (tag_a.meta.program_id, tag_a.meta.source) == (provisional, "inferred")
+    assert driver.req(ra).cached_tokens >= len(previous) - 1
+    cache.end_program(provisional)
+    drain_pins(driver)
+    cache.check_integrity()

@@ -250,3 +250,30 @@ def test_a_program_crowded_out_of_its_prompt_key_keeps_its_own_deep_key():
     assert "mine" in index  # its prompt key went to newer programs, its deep key is its own
     assert index.match(mine + ids(rng, 20)) == "mine"
     index.check_integrity()
+
+
+def test_a_salted_record_is_found_only_under_its_own_salt_and_crowds_only_its_own_keys():
+    """Scopes (``program_scope_header``) salt their fingerprints: tenant B sending A's very context
+    neither joins A's program nor pushes A's entries out of a shared prompt's keys."""
+    rng = random.Random(16)
+    index = ProgramIndex(divergence_tokens=8)
+    prompt, output = ids(rng, 100), ids(rng, 20)
+    index.record("a", prompt + output, len(prompt), len(prompt) + len(output), salt=0xA)
+    for i in range(2 * PROGRAMS_PER_KEY):  # B records the same context again and again
+        index.record(f"b{i}", prompt + output, len(prompt), len(prompt) + len(output), salt=0xB)
+    index.check_integrity()
+    assert index.crowded == 2 * PROGRAMS_PER_KEY  # B's own, not A's
+    nxt = prompt + output + ids(rng, 10)
+    assert index.match(nxt) is None  # unscoped: nothing recorded there
+    assert index.match(nxt, alive=lambda pid: pid == f"b{2 * PROGRAMS_PER_KEY - 1}", salt=0xB).startswith("b")
+    assert index.match(nxt, salt=0xA) == "a"
+    index.check_integrity()
+
+
+def test_salts_wrap_around_the_64_bit_fingerprints():
+    h = PrefixHasher()
+    tokens = list(range(10, 40))
+    plain = h.hashes(tokens, 30).copy()
+    salted = h.hashes(tokens, 30, (1 << 64) - 1)  # + (2^64 - 1) is - 1 mod 2^64
+    with np.errstate(over="ignore"):
+        assert (salted == plain - np.uint64(1)).all()
