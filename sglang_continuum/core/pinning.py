@@ -10,7 +10,8 @@ pushes out later programs' pins (``pins.py``). Which pin is shed for a blocked t
 comes back (or had already come back) is a miss the cost model's pin survival reads. A turn the
 TTL lets go whose prefix an upload should bring back (``upload.py``: a host tier, predictive
 upload, the client's forecast of its call) is pinned for ``HANDOFF_S``: its expiry at the next step
-offloads the prefix to a protected host copy, which is what an upload loads back.
+offloads the prefix to a protected host copy, which is what an upload loads back. It is made only
+in free budget: it never sheds a pin.
 
 Pure: the adapter releases the locks of the pins handed back; the controller routes events here.
 """
@@ -78,6 +79,10 @@ class Pinning:
         )
         state.pin_end = PIN_NONE  # until a pin is stored
         if ttl <= 0 and self.hands_off(state):
+            if self.pins.pinned_tokens + context_tokens > self.pins.limit(False):
+                # a handoff keeps nothing: it may use free budget, never shed a program's pin for it
+                logger.debug("continuum: program=%s no room for a handoff pin", pid)
+                return
             ttl = HANDOFF_S  # a pin of one step: its expiry sends the prefix to host for an upload
         elif ttl <= 0:
             logger.debug("continuum: program=%s tool=%s ttl=0; no pin", pid, tool)

@@ -216,6 +216,29 @@ def test_the_application_table_is_bounded():
     apps.check_integrity()
 
 
+def test_a_one_step_handoff_pin_is_made_only_where_it_fits_and_never_sheds_another_programs_pin():
+    """The handoff pin is for the upload's host copy, not a keeping: a full budget gets no handoff
+    pin rather than losing a later program's real pin to it (it was shed for "budget")."""
+    from sglang_continuum.core.pins import Pin
+
+    c, clock = controller(fixed_ttl_s=0.0, host_ttl_s=60.0, predictive_upload=True, budget=300)
+    c.attach_host_tier(reload=RELOAD, host_budget_tokens=10_000, hold_cost=0.5)
+    c.turn_arrived(ProgramMeta("p"))
+    c.turn_arrived(ProgramMeta("q"))
+    c.turn_finished(ProgramMeta("q"), context_tokens=40, tool="t", handle="lock-q")
+    q = c.programs.get("q")
+    # a pin of q made outside a turn's end (as an upload's is), of a later program than p
+    stored, _ = c.pinning.adopt(Pin("q", 250, clock() + 30.0, q.arrival_rank, clock(), handle="lock-q"), q)
+    assert stored
+    out = c.turn_finished(ProgramMeta("p", tool_time_s=5.0), context_tokens=100, tool="t", handle="lock")
+    assert out.pin is None and out.release == []  # no room: no handoff, and q keeps its pin
+    assert c.pins.get("q") is not None and c.pinning.sheds.budget == 0
+    c.turn_arrived(ProgramMeta("p"))
+    out = c.turn_finished(ProgramMeta("p", tool_time_s=5.0), context_tokens=50, tool="t", handle="lock")
+    assert out.pin is not None and out.release == []  # it fits: the one-step pin is made
+    c.check_integrity()
+
+
 def test_a_turn_the_ttl_lets_go_goes_to_host_for_an_upload_when_its_client_forecast_its_call():
     """With HiCache the TTL model lets most prefixes go (a load is cheap), so no device pin ends
     in a host pin and an upload had nothing to load back. With predictive upload and a hint, the
