@@ -2,7 +2,9 @@
 fleet shares CURVE keys), each data-parallel rank's own endpoint, which endpoints a rank subscribes
 to (``links``, at most ``max_peers`` sockets), the fleet's key pair.
 
-What is trusted: a peer that holds the fleet's key (or, without keys, any process on this host).
+What is trusted: a peer that holds the fleet's key; without keys, any process on this host that
+can reach a local endpoint (a loopback tcp port: every local user; an ipc socket: the server's own
+user, its file made 0600 at bind).
 Nothing here opens a socket; ``stats_exchange.py`` does.
 """
 
@@ -91,10 +93,11 @@ def links(
 
 
 def connectable(endpoint: str) -> str:
-    """Where a sibling rank reaches a bound endpoint: a wildcard tcp host is this host's loopback."""
-    for wildcard in ("tcp://*:", "tcp://0.0.0.0:"):
+    """Where a sibling rank reaches a bound endpoint: a wildcard tcp host is this host's loopback
+    (the IPv6 one for the IPv6 wildcard)."""
+    for wildcard, loopback in (("tcp://*:", "127.0.0.1"), ("tcp://0.0.0.0:", "127.0.0.1"), ("tcp://[::]:", "[::1]")):
         if endpoint.startswith(wildcard):
-            return "tcp://127.0.0.1:" + endpoint[len(wildcard) :]
+            return f"tcp://{loopback}:" + endpoint[len(wildcard) :]
     return endpoint
 
 

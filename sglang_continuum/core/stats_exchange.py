@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 import uuid
 import weakref
@@ -213,15 +214,18 @@ class StatsExchange:
             self._owned.append(self._auth)
             self._auth.start()
             self._auth.configure_curve_callback("*", FleetKey(self._keys[0]))
-        self._pub = self._socket(zmq.XPUB, queue_messages)
+        self._pub = self._socket(zmq.XPUB, queue_messages, endpoint)
         self._pub.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscriber's subscription, not just the first
         self._pub.setsockopt(zmq.MAXMSGSIZE, 1024)  # subscribers send subscriptions only
         self._pub.bind(endpoint)
+        path = endpoint[len("ipc://") :] if endpoint.startswith("ipc://") else ""
+        if path and not path.startswith("@"):  # a file, not Linux's abstract namespace
+            os.chmod(path, 0o600)  # connecting needs write access: the server's user alone, whatever the umask
 
     def _connect(self, endpoint: str, group: int, decides: bool, queue_messages: int) -> None:
         """One subscriber socket per peer endpoint: what arrives on it is that peer's."""
         zmq = self._zmq
-        sock = self._socket(zmq.SUB, queue_messages)
+        sock = self._socket(zmq.SUB, queue_messages, endpoint)
         sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
         sock.setsockopt(zmq.SUBSCRIBE, b"")
         sock.connect(endpoint)  # zmq connects (and reconnects) in the background
@@ -230,11 +234,13 @@ class StatsExchange:
         if group == SIBLINGS or decides:
             self._poller.register(sock, zmq.POLLIN)
 
-    def _socket(self, kind: int, queue_messages: int):
+    def _socket(self, kind: int, queue_messages: int, endpoint: str):
         zmq = self._zmq
         sock = self._context.socket(kind)
         self._owned.append(sock)
         sock.setsockopt(zmq.LINGER, 0)  # closing never waits for a peer
+        if endpoint.startswith("tcp://["):  # zmq refuses an IPv6 address without it ("No such device")
+            sock.setsockopt(zmq.IPV6, 1)
         sock.setsockopt(zmq.SNDHWM if kind == zmq.XPUB else zmq.RCVHWM, queue_messages)
         if self._keys is not None:
             public, secret = self._keys

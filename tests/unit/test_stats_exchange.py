@@ -657,3 +657,36 @@ def test_a_socket_closed_under_the_exchange_is_contained(closing, caplog):
     assert xa.poll(time.monotonic() + 1) == [] and xa.poll(time.monotonic() + 2) == []
     assert xa.counters.errors == 1
     xa.check_integrity()
+
+
+def test_ipv6_loopback_endpoints_share_and_an_ipv6_wildcard_reaches_its_siblings_on_the_ipv6_loopback(closing):
+    """``tcp://[::1]`` is local like ``127.0.0.1`` (no keys needed), and binds: zmq refuses an
+    IPv6 address on a socket without its IPV6 option ("No such device")."""
+    from sglang_continuum.core.stats_endpoints import SIBLINGS, connectable, links
+
+    assert connectable("tcp://[::]:5701") == "tcp://[::1]:5701"
+    assert links("tcp://[::]:5701", [], True, 0, 2, 8) == [("tcp://[::1]:5702", SIBLINGS, False)]
+    pa, pb = free_port(), free_port()
+    a = worker(f"tcp://[::1]:{pa}", [f"tcp://[::1]:{pb}"])
+    b = worker(f"tcp://[::1]:{pb}", [f"tcp://[::1]:{pa}"])
+    closing(a[1]), closing(b[1])
+    for i in range(5):
+        run_program(a[0], f"p{i}", "search", 2.0 + i)
+    assert pump([a, b], lambda: len(samples(b[0], "search")) == 5)
+    assert a[1].counters.sent >= 5 and a[1].counters.errors == b[1].counters.errors == 0
+
+
+def test_an_ipc_endpoint_is_connectable_by_the_servers_own_user_only(closing, tmp_path):
+    """Without keys an ipc endpoint is trusted like a peer: its socket file is the server user's
+    alone (0600), whatever the umask; other users' processes cannot connect to it."""
+    import os
+    import stat as st
+
+    path = tmp_path / "stats"
+    old = os.umask(0o000)
+    try:
+        _, exchange = worker(f"ipc://{path}", [])
+    finally:
+        os.umask(old)
+    closing(exchange)
+    assert st.S_IMODE(os.stat(path).st_mode) == 0o600
