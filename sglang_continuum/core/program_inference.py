@@ -20,8 +20,11 @@ and tool samples. A program's keys are dropped when one of its turns is attribut
 finished turn records new ones), when the caller says the program is gone (``alive``), and oldest
 first past ``max_programs``.
 
-Fingerprints are 64-bit polynomial hashes of token prefixes, ``sum (t_j + 1) R^j mod 2^64`` with a
-fixed odd ``R``: one vectorised pass gives every prefix's hash. A lookup probes only plausible
+Fingerprints are keyed 64-bit hashes of token prefixes, ``sum (t_j + 1) K_j mod 2^64`` with a
+secret random odd ``K_j`` per position (drawn per index from the OS's entropy): one vectorised pass
+gives every prefix's hash, and a client who cannot read the keys cannot craft two prompts that
+collide (two given prefixes collide with probability at most 2^-45 for ids below 2^18; with a
+public base ``K_j = R^j``, a Thue-Morse pair of two ids collides for every odd ``R``). A lookup probes only plausible
 continuation lengths: a key is filed under its length rounded down to a multiple of ``block``
 tokens (and the hash there), and a prompt of ``n`` tokens probes the block lengths in
 ``[n - max_append_tokens, n)``, then checks the exact length and hash of what it found. So an
@@ -42,7 +45,6 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
-_R = np.uint64(0x9E3779B97F4A7C15)  # odd: every power is invertible mod 2^64, no power collapses to 0
 _ONE = np.uint64(1)
 _MASK = (1 << 64) - 1
 DIVERGENCE_TOKENS = 32
@@ -86,31 +88,31 @@ def _as_uint64(tokens: Sequence[int], n: int) -> np.ndarray:
 
 class PrefixHasher:
     """Hashes of every prefix of a token sequence: ``hashes(tokens, n)[i]`` fingerprints
-    ``tokens[:i + 1]``. Two sequences with the same first ``l`` ids have equal hashes at ``l - 1``."""
+    ``tokens[:i + 1]``. Two sequences with the same first ``l`` ids have equal hashes at ``l - 1``.
+    ``seed``: the keys' seed (None: the OS's entropy; tests and the lab may fix it)."""
 
-    def __init__(self) -> None:
-        self._powers = np.ones(1, dtype=np.uint64)
+    def __init__(self, seed: Optional[int] = None) -> None:
+        self._rng = np.random.default_rng(seed)
+        self._keys = np.empty(0, dtype=np.uint64)
         self._scratch = np.empty(0, dtype=np.uint64)  # reused: a lookup allocates nothing
 
-    def _powers_upto(self, n: int) -> np.ndarray:
-        if len(self._powers) < n:
-            size = max(n, 2 * len(self._powers))
-            steps = np.full(size, _R, dtype=np.uint64)
-            steps[0] = _ONE
-            self._powers = np.cumprod(steps, dtype=np.uint64)
-        return self._powers[:n]
+    def _keys_upto(self, n: int) -> np.ndarray:
+        if len(self._keys) < n:  # extended, never redrawn: a recorded prefix keeps its hash
+            more = self._rng.integers(0, 1 << 64, max(n, 2 * len(self._keys)) - len(self._keys), dtype=np.uint64)
+            self._keys = np.concatenate([self._keys, more | _ONE])  # odd: every position counts mod 2^64
+        return self._keys[:n]
 
     def hashes(self, tokens: Sequence[int], n: int, salt: int = 0) -> np.ndarray:
         """The prefix hashes plus ``salt`` (mod 2^64), in a buffer the next call overwrites (copy
         what must outlive it)."""
         ids = _as_uint64(tokens, n)
-        powers = self._powers_upto(n)
+        keys = self._keys_upto(n)
         if len(self._scratch) < n:
             self._scratch = np.empty(max(n, 2 * len(self._scratch)), dtype=np.uint64)
         out = self._scratch[:n]
         with np.errstate(over="ignore"):
             np.add(ids, _ONE, out=out)
-            np.multiply(out, powers, out=out)
+            np.multiply(out, keys, out=out)
             np.cumsum(out, out=out)
             if salt:
                 np.add(out, np.uint64(salt & _MASK), out=out)

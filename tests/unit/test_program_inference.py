@@ -277,3 +277,36 @@ def test_salts_wrap_around_the_64_bit_fingerprints():
     salted = h.hashes(tokens, 30, (1 << 64) - 1)  # + (2^64 - 1) is - 1 mod 2^64
     with np.errstate(over="ignore"):
         assert (salted == plain - np.uint64(1)).all()
+
+
+def _thue_morse(a: int, b: int, n: int) -> list[int]:
+    return [b if bin(i).count("1") % 2 else a for i in range(n)]
+
+
+def test_a_thue_morse_pair_that_collides_under_any_public_odd_base_is_told_apart():
+    """A polynomial hash mod 2^64 with a public odd base R maps the Thue-Morse word over two ids and
+    its complement to one fingerprint (their difference is (a - b) * prod (1 - R^(2^i)), divisible
+    by 2^64 from 2^11 ids on), so a client could send one program's context under another's. The
+    keys are secret per position: the two differ, and the index keeps them apart."""
+    n = 2048
+    first, second = _thue_morse(7, 9, n), _thue_morse(9, 7, n)
+    r = 0x9E3779B97F4A7C15
+    public = [sum((t + 1) * pow(r, j, 1 << 64) for j, t in enumerate(w)) % (1 << 64) for w in (first, second)]
+    assert public[0] == public[1]  # the attack is real against a public base
+    index = ProgramIndex(divergence_tokens=0)
+    index.record("victim", first, n - 16, n)
+    assert index.match(second + [5] * 10) is None
+    assert index.match(first + [5] * 10) == "victim"
+    index.check_integrity()
+    for seed in range(4):
+        h = PrefixHasher(seed)
+        assert h.key(first, n) != h.key(second, n)
+
+
+def test_a_hashers_keys_are_extended_never_redrawn():
+    h = PrefixHasher(3)
+    tokens = list(range(1, 101))
+    short = h.hashes(tokens, 10).copy()
+    h.hashes(list(range(5000)), 5000)  # grows the keys
+    assert (h.hashes(tokens, 10) == short).all()
+    assert (PrefixHasher(3).hashes(tokens, 100) == h.hashes(tokens, 100)).all()
