@@ -116,6 +116,8 @@ _POLICIES = (
     Policy("continuum-upload", CONTINUUM, {"predictive_upload": True}),
     Policy("continuum-no-application-ranks", CONTINUUM, rules="NO_APPLICATION_RANKS"),
     *(Policy(f"continuum-hold-{s}s", CONTINUUM, {"max_hold_s": s}) for s in (30, 60, 120, 300, 480)),
+    *(Policy(f"continuum-bound-sheds-waiting-{s}s", CONTINUUM, {"max_hold_s": s}, rules="BOUND_SHEDS_WAITING") for s in (60, 120, 240)),
+    *(Policy(f"continuum-bound-sheds-oldest-{s}s", CONTINUUM, {"max_hold_s": s}, rules="BOUND_SHEDS_OLDEST") for s in (60, 120, 240)),
     Policy("continuum-paper", CONTINUUM, {"max_overtakes": 0, "admission_control": False}),
 )
 POLICIES: dict[str, Policy] = {p.name: p for p in _POLICIES}

@@ -18,6 +18,7 @@ from sglang_continuum.core.engine_time import MIN_BUSY_S, EngineTime
 from sglang_continuum.core.priority import RETRACTED, WAITING, QueueKey, Waiting
 from sglang_continuum.core.residency import BINDING_S, Residency
 from sglang_continuum.core.rules import Rules, Timings
+from sglang_continuum.core.shedding import Shedding
 
 
 def request_fcfs(w: Waiting) -> QueueKey:
@@ -172,6 +173,48 @@ class ProgramRanksOnly(ApplicationRanks):
         return rank
 
 
+class BoundShedsWaiting(Shedding):
+    """For a turn past its hold bound (or an idle engine: any rank), a pin whose program's return
+    already waits is shed too once no other is left: that return waits behind the due turn anyway,
+    and its pin holds the room the due turn waits for."""
+
+    def victim(self, now, *, ranked_after=None, keep=None, spares=(None,)):
+        if ranked_after is None and None not in spares:
+            spares = (*spares, None)
+        return super().victim(now, ranked_after=ranked_after, keep=keep, spares=spares)
+
+
+class BoundShedsOldest(BoundShedsWaiting):
+    """As ``BoundShedsWaiting``, and for a due turn the pin shed is that of the program served most
+    turns since this rule last released it (the longest resident), not the latest program's:
+    residents take turns round the pool instead of the newest giving its place up again and again."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._released_at_turn: dict[str, int] = {}  # program -> its turns_admitted when last released
+
+    def victim(self, now, *, ranked_after=None, keep=None, spares=(None,)):
+        if ranked_after is not None:
+            return super().victim(now, ranked_after=ranked_after, keep=keep, spares=spares)
+        if None not in spares:
+            spares = (*spares, None)
+        for spare in spares:
+            pins = [p for p in self.pins if p.program_id != keep and (spare is None or not spare(p.program_id))]
+            if pins:
+                longest = max(pins, key=self._turns_resident)
+                state = self.programs.get(longest.program_id)
+                if len(self._released_at_turn) > 4096:
+                    self._released_at_turn = {k: v for k, v in self._released_at_turn.items() if k in self.programs}
+                self._released_at_turn[longest.program_id] = state.turns_admitted if state is not None else 0
+                return self.pins.pop(longest.program_id), False
+        return None
+
+    def _turns_resident(self, pin) -> tuple[int, int]:
+        state = self.programs.get(pin.program_id)
+        served = state.turns_admitted if state is not None else 0
+        return served - self._released_at_turn.get(pin.program_id, 0), -pin.arrival_rank
+
+
 PINS_ONLY = Rules("pins-only", order=request_fcfs)
 NO_APPLICATION_RANKS = Rules("no-application-ranks", applications=ProgramRanksOnly)
 NO_RESIDENCY = Rules("no-residency", residency=WithoutResidency)
@@ -187,3 +230,5 @@ SHARED_STEP_COST = Rules("shared-step-cost", residency=SharedStepCost)
 FIXED_2S = fixed_ttl(2.0)
 REFERENCE = Rules("reference", ttl_model=ReferenceTTL)  # the public vLLM reference's 2 s rule
 BERNSTEIN = Rules("bernstein", ttl_model=BernsteinTTL)  # the paper's first version
+BOUND_SHEDS_WAITING = Rules("bound-sheds-waiting", shedding=BoundShedsWaiting)
+BOUND_SHEDS_OLDEST = Rules("bound-sheds-oldest", shedding=BoundShedsOldest)
