@@ -350,12 +350,13 @@ class ContinuumRadixCache(UnifiedRadixCache):
         to prefill its ``request_tokens`` and come back ("gap", ``core/upload.py``); "idle" (the
         paper's deadlock rule) and "hold_bound" (``residency.py``): any rank. Never its own
         program's pin, nor one whose next turn waits (``program_waiting``: a certain hit), but on
-        the idle path once nothing else is left: a turn that keeps only part of its pinned context
-        (a client that rewrote its history) may not fit beside the rest of it, and would otherwise
-        wait out the pin's TTL on an idle engine."""
+        the idle and bound paths once nothing else is left: a due turn goes ahead of that waiting
+        return anyway, whose pin holds the room it waits for; a turn that keeps only part of its
+        pinned context (a client that rewrote its history) may not fit beside the rest of it, and
+        would otherwise wait out the pin's TTL on an idle engine."""
         keep = tag.meta.program_id if tag is not None else None
         after = tag.program_rank if reason == "admission" and tag is not None else None
-        spares = (program_waiting, None) if reason == "idle" else (program_waiting,)
+        spares = (program_waiting, None) if reason in ("idle", "hold_bound") else (program_waiting,)
         shed = self._shed(tokens, reason, after, keep, spares)
         if shed < max(1, tokens) and reason == "idle" and keep is not None:
             shed += self._shed(tokens - shed, reason, None, None, (None,))  # only its own pins are left

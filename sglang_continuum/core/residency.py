@@ -38,7 +38,8 @@ probability). Keep iff ``P * L * rebuild * K >= hold * d``.
 **Every hold is bounded** (``max_hold_s``; 0: no bound). A turn the door holds (a first turn, a
 paused return) comes *due* once it has waited ``max_hold_s`` since it arrived. The door stops
 holding it and the queue order puts it ahead of every other turn; blocked for memory, it may shed
-the pins that keep residents out on a tool, latest program first (``shedding.py``). A program so
+the pins that keep residents out on a tool, latest program first (``shedding.py``), and once none
+is left those of residents whose next turn already waits (behind the due turn anyway). A program so
 released leaves the working set, and its next return is held while the pool is full, whatever it
 finds cached, until its own bound (taking turns). No running turn is preempted. What the bound
 costs is one rebuild per release (``sglang:continuum_pin_sheds_total{reason="hold_bound"}``); a due turn

@@ -726,6 +726,48 @@ def test_a_first_turn_held_past_its_bound_is_served_while_a_resident_program_hol
     cache.check_integrity()
 
 
+def test_a_turn_past_its_bound_sheds_a_resident_pin_whose_return_waits_behind_it(driver, monkeypatch):
+    """As above, but the resident program's next turn arrives in the same step the held first turn
+    comes due. The due turn goes ahead of that return in the queue and blocks it; the return's pin
+    is all that holds the room the due turn waits for. Sparing it (a certain hit) would leave both
+    waiting for the decode to finish; the bound sheds it once no other pin is left, the due turn is
+    served while the decode runs on, and the return follows with its context rebuilt."""
+    import time
+
+    rng = random.Random(93)
+    drain_pins(driver)
+    cache = driver.s.tree_cache
+    controller = cache.controller
+    sized_by_todays_contexts(monkeypatch, controller)
+    monkeypatch.setattr(controller.residency, "max_hold_s", 0.3)
+    first = tokens(rng, 560)
+    r1 = driver.submit(first, max_new_tokens=4, custom_params=meta("wait-old", "fast"))
+    driver.run_until_idle()
+    assert "wait-old" in controller.pins
+    x = driver.submit(tokens(rng, 20), max_new_tokens=200)  # a decode: holding back would not idle
+    driver.step()
+    new = driver.submit(tokens(rng, 600), max_new_tokens=4, custom_params=meta("wait-new"))
+    for _ in range(2):
+        driver.step()
+    tag = get_tag(driver.req(new))
+    assert tag.held_back and not tag.due and new not in driver.admitted
+    sheds = controller.sheds.hold_bound
+    time.sleep(0.35)
+    back = driver.submit(
+        first + driver.output_ids(r1) + tokens(rng, 8), max_new_tokens=4, custom_params=meta("wait-old", last=True)
+    )
+    for _ in range(4):
+        driver.step()
+    assert tag.due and new in driver.admitted
+    assert controller.sheds.hold_bound == sheds + 1 and "wait-old" not in controller.pins
+    assert not driver.req(x).finished()  # served before the decode ended: nothing waited for it
+    driver.run_until_idle()
+    assert all(driver.req(rid).finished() for rid in (new, back, x))
+    for p in ("wait-old", "wait-new"):
+        cache.end_program(p)
+    cache.check_integrity()
+
+
 def test_a_turn_that_does_not_fit_beside_its_own_programs_pin_is_served_on_an_idle_engine(driver):
     """A returning turn whose prompt keeps only part of its pinned context (a client that rewrites
     its history) and asks for more than fits beside that pin: on an idle engine nothing else is left
