@@ -34,9 +34,8 @@ host tier or without) and ``continuum-priced-door-marginal`` (both), ``continuum
 (a step's fixed cost priced in the empty batch place it leaves, not in the rebuild),
 ``continuum-no-hold-bound`` (a held turn waits until the working set leaves it room: ``max_hold_s``
 0) and ``continuum-hold-30s`` / ``-60s`` / ``-120s`` / ``-300s`` / ``-480s`` (bounds other than the
-default 240 s), ``continuum-bound-sheds-waiting-{60,120,240}s`` (a turn past its bound may also
-shed a waiting return's pin) and ``continuum-bound-sheds-oldest-{60,120,240}s`` (the same, the pin
-of the program resident longest first), and ``continuum-paper`` (the paper's policy: neither bound nor admission control).
+default 240 s), ``continuum-bound-sheds-oldest-{60,120,240}s`` (a turn past its bound sheds the
+pin of the program resident longest, not the latest program's), and ``continuum-paper`` (the paper's policy: neither bound nor admission control).
 Any policy with ``+hicache`` adds SGLang's host tier (``--enable-hierarchical-cache``, SGLang's
 default ``write_through``: the host mirrors the device) and is compared with ``fcfs+hicache``;
 ``+hicache-write-back`` the same with ``--hicache-write-policy write_back`` (device and host hold
@@ -118,10 +117,6 @@ _POLICIES = (
     Policy("continuum-upload", CONTINUUM, {"predictive_upload": True}),
     Policy("continuum-no-application-ranks", CONTINUUM, rules="NO_APPLICATION_RANKS"),
     *(Policy(f"continuum-hold-{s}s", CONTINUUM, {"max_hold_s": s}) for s in (30, 60, 120, 300, 480)),
-    *(
-        Policy(f"continuum-bound-sheds-waiting-{s}s", CONTINUUM, {"max_hold_s": s}, rules="BOUND_SHEDS_WAITING")
-        for s in (60, 120, 240)
-    ),
     *(
         Policy(f"continuum-bound-sheds-oldest-{s}s", CONTINUUM, {"max_hold_s": s}, rules="BOUND_SHEDS_OLDEST")
         for s in (60, 120, 240)

@@ -173,21 +173,12 @@ class ProgramRanksOnly(ApplicationRanks):
         return rank
 
 
-class BoundShedsWaiting(Shedding):
-    """For a turn past its hold bound (or an idle engine: any rank), a pin whose program's return
-    already waits is shed too once no other is left: that return waits behind the due turn anyway,
-    and its pin holds the room the due turn waits for."""
-
-    def victim(self, now, *, ranked_after=None, keep=None, spares=(None,)):
-        if ranked_after is None and None not in spares:
-            spares = (*spares, None)
-        return super().victim(now, ranked_after=ranked_after, keep=keep, spares=spares)
-
-
-class BoundShedsOldest(BoundShedsWaiting):
-    """As ``BoundShedsWaiting``, and for a due turn the pin shed is that of the program served most
-    turns since this rule last released it (the longest resident), not the latest program's:
-    residents take turns round the pool instead of the newest giving its place up again and again."""
+class BoundShedsOldest(Shedding):
+    """For a turn past its hold bound (or any shed at no rank: an idle engine, an allocation), the
+    pin shed is that of the program served most turns since this rule last released it (the
+    longest resident), not the latest program's: residents take turns round the pool instead of
+    the newest giving its place up again and again. Spared pins are shed last, as the default's
+    bound does with a waiting return's."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -230,5 +221,4 @@ SHARED_STEP_COST = Rules("shared-step-cost", residency=SharedStepCost)
 FIXED_2S = fixed_ttl(2.0)
 REFERENCE = Rules("reference", ttl_model=ReferenceTTL)  # the public vLLM reference's 2 s rule
 BERNSTEIN = Rules("bernstein", ttl_model=BernsteinTTL)  # the paper's first version
-BOUND_SHEDS_WAITING = Rules("bound-sheds-waiting", shedding=BoundShedsWaiting)
 BOUND_SHEDS_OLDEST = Rules("bound-sheds-oldest", shedding=BoundShedsOldest)
