@@ -47,13 +47,23 @@ def recipes() -> dict[str, tuple[str, str]]:
     return {name: (lang, code) for lang, name, code in BLOCK.findall(PAGE.read_text())}
 
 
-def run_recipe(name: str, url: str, cwd: Path) -> str:
+# what the server says of its queue and door when a recipe does not finish
+STATE = ("programs_in_flight", "programs_held_back", "longest_hold_seconds", "pinned_programs", "working_set_tokens")
+
+
+def run_recipe(name: str, url: str, cwd: Path, server=None) -> str:
     lang, code = recipes()[name]
     code = code.replace(PLACEHOLDER, url)
     bin_dir = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
     command = [sys.executable, "-c", code] if lang == "python" else ["bash", "-e", "-o", "pipefail", "-c", code]
-    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=150)
+    try:  # a hang guard, not a speed target: the CI machine's two cores also run the other e2e half
+        done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired as e:
+        metrics = parse_metrics(server.metrics()) if server is not None else {}
+        state = {g: metrics.get(M + g) for g in STATE}
+        out = (e.stdout or b"")[-2000:]
+        raise AssertionError(f"recipe {name} did not finish in {e.timeout} s; the server: {state}\n{out!r}") from e
     assert done.returncode == 0, f"recipe {name} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
     return done.stdout
 
@@ -72,7 +82,7 @@ def test_recipe_is_served_as_its_program_and_ends_it(continuum_server, name, tmp
     if ends:  # a recipe that ends its program is judged from an empty working set
         assert wait_in_flight_zero(continuum_server, 40), "programs of earlier tests still in flight"
     before = requests_by(continuum_server, source)
-    run_recipe(name, continuum_server.url, tmp_path)
+    run_recipe(name, continuum_server.url, tmp_path, continuum_server)
     assert requests_by(continuum_server, source) - before >= at_least
     if ends:
         assert wait_in_flight_zero(continuum_server, 10), f"recipe {name} left its program in flight"

@@ -686,31 +686,37 @@ def test_the_first_turn_held_at_the_door_ends_the_selection_walk(driver, monkeyp
     cache.check_integrity()
 
 
-def test_a_first_turn_held_past_its_bound_is_served_while_a_resident_program_holds_the_pool(driver, monkeypatch):
-    """A resident program's pin (~560 tokens) and a decode fill the pool; a new program's first turn
-    (600 tokens) is held at the door. Once it has waited its bound (``max_hold_s``, here 0.3 s) it
-    is no longer held: blocked for memory, it sheds the resident pin
-    (which SGLang's own admission would never do for a later program), the resident program
-    leaves the working set, and the turn is served while the decode runs on (nothing preempted)."""
-    import time
-
-    rng = random.Random(91)
+def held_beside_a_resident(driver, monkeypatch, rng, old: str, new: str):
+    """A resident program ``old``'s pin (~560 tokens) and a decode fill the pool; a new program
+    ``new``'s first turn (600 tokens) is held at the door, its bound (``max_hold_s``) 0.3 s.
+    Returns the controller, ``old``'s first prompt and request, the decode's and the held turn's."""
     drain_pins(driver)
-    cache = driver.s.tree_cache
-    controller = cache.controller
+    controller = driver.s.tree_cache.controller
     sized_by_todays_contexts(monkeypatch, controller)
     monkeypatch.setattr(controller.residency, "max_hold_s", 0.3)
-    driver.submit(tokens(rng, 560), max_new_tokens=4, custom_params=meta("bound-old", "fast"))
+    first = tokens(rng, 560)
+    r1 = driver.submit(first, max_new_tokens=4, custom_params=meta(old, "fast"))
     driver.run_until_idle()
-    assert "bound-old" in controller.pins
+    assert old in controller.pins
     x = driver.submit(tokens(rng, 20), max_new_tokens=200)  # a decode: holding back would not idle
     driver.step()
-    new = driver.submit(tokens(rng, 600), max_new_tokens=4, custom_params=meta("bound-new"))
+    held = driver.submit(tokens(rng, 600), max_new_tokens=4, custom_params=meta(new))
     for _ in range(2):
         driver.step()
-    tag = get_tag(driver.req(new))
-    assert tag.held_back and not tag.due and new not in driver.admitted
-    sheds = controller.sheds.hold_bound
+    tag = get_tag(driver.req(held))
+    assert tag.held_back and not tag.due and held not in driver.admitted
+    return controller, first, r1, x, held
+
+
+def test_a_first_turn_held_past_its_bound_is_served_while_a_resident_program_holds_the_pool(driver, monkeypatch):
+    """Once the held first turn has waited its bound it is no longer held: blocked for memory, it
+    sheds the resident pin (which SGLang's own admission would never do for a later program), the
+    resident program leaves the working set, and the turn is served while the decode runs on
+    (nothing preempted)."""
+    import time
+
+    controller, _, _, x, new = held_beside_a_resident(driver, monkeypatch, random.Random(91), "bound-old", "bound-new")
+    tag, sheds = get_tag(driver.req(new)), controller.sheds.hold_bound
     time.sleep(0.35)
     for _ in range(4):
         driver.step()
@@ -722,8 +728,8 @@ def test_a_first_turn_held_past_its_bound_is_served_while_a_resident_program_hol
     assert driver.req(new).finished() and driver.req(x).finished()
     assert controller.residency.holds.longest(controller.clock()) == 0.0
     for p in ("bound-old", "bound-new"):
-        cache.end_program(p)
-    cache.check_integrity()
+        driver.s.tree_cache.end_program(p)
+    driver.s.tree_cache.check_integrity()
 
 
 def test_a_turn_past_its_bound_sheds_a_resident_pin_whose_return_waits_behind_it(driver, monkeypatch):
@@ -735,23 +741,8 @@ def test_a_turn_past_its_bound_sheds_a_resident_pin_whose_return_waits_behind_it
     import time
 
     rng = random.Random(93)
-    drain_pins(driver)
-    cache = driver.s.tree_cache
-    controller = cache.controller
-    sized_by_todays_contexts(monkeypatch, controller)
-    monkeypatch.setattr(controller.residency, "max_hold_s", 0.3)
-    first = tokens(rng, 560)
-    r1 = driver.submit(first, max_new_tokens=4, custom_params=meta("wait-old", "fast"))
-    driver.run_until_idle()
-    assert "wait-old" in controller.pins
-    x = driver.submit(tokens(rng, 20), max_new_tokens=200)  # a decode: holding back would not idle
-    driver.step()
-    new = driver.submit(tokens(rng, 600), max_new_tokens=4, custom_params=meta("wait-new"))
-    for _ in range(2):
-        driver.step()
-    tag = get_tag(driver.req(new))
-    assert tag.held_back and not tag.due and new not in driver.admitted
-    sheds = controller.sheds.hold_bound
+    controller, first, r1, x, new = held_beside_a_resident(driver, monkeypatch, rng, "wait-old", "wait-new")
+    tag, sheds = get_tag(driver.req(new)), controller.sheds.hold_bound
     time.sleep(0.35)
     back = driver.submit(
         first + driver.output_ids(r1) + tokens(rng, 8), max_new_tokens=4, custom_params=meta("wait-old", last=True)
@@ -764,8 +755,8 @@ def test_a_turn_past_its_bound_sheds_a_resident_pin_whose_return_waits_behind_it
     driver.run_until_idle()
     assert all(driver.req(rid).finished() for rid in (new, back, x))
     for p in ("wait-old", "wait-new"):
-        cache.end_program(p)
-    cache.check_integrity()
+        driver.s.tree_cache.end_program(p)
+    driver.s.tree_cache.check_integrity()
 
 
 def test_a_turn_that_does_not_fit_beside_its_own_programs_pin_is_served_on_an_idle_engine(driver):

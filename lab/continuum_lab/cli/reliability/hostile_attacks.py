@@ -200,11 +200,15 @@ async def atk_ending_others(a: Attack) -> dict:
     targets: set[str] = set()
     attack_turns: list[tuple[str, str]] = []  # (rid, the honest program id it names)
     t0 = time.monotonic()
-    ready = min(a.deadline, t0 + 10.0)  # until an honest program has a turn done (a slow server's first turns)
+    window = a.deadline - t0
+    # nothing to act on until an honest program has a turn done (a loaded server's first turns take
+    # seconds): the wait for one does not eat the window, which runs from the first target
+    ready = t0 + max(10.0, window)
     while not any(turns > 0 for turns in a.honest.live.values()) and time.monotonic() < ready:
         await asyncio.sleep(0.05)
+    deadline = time.monotonic() + window
     for i in range(n):
-        if time.monotonic() > a.deadline:
+        if time.monotonic() > deadline:
             break
         await asyncio.sleep(period)
         kind = actions[i % len(actions)]
