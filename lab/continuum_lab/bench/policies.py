@@ -35,7 +35,8 @@ host tier or without) and ``continuum-priced-door-marginal`` (both), ``continuum
 ``continuum-no-hold-bound`` (a held turn waits until the working set leaves it room: ``max_hold_s``
 0) and ``continuum-hold-30s`` / ``-60s`` / ``-120s`` / ``-300s`` / ``-480s`` (bounds other than the
 default 240 s), ``continuum-bound-sheds-oldest-{60,120,240}s`` (a turn past its bound sheds the
-pin of the program resident longest, not the latest program's), and ``continuum-paper`` (the paper's policy: neither bound nor admission control).
+pin of the program resident longest, not the latest program's), and ``continuum-paper`` (the
+paper's policy: neither bound nor admission control).
 Any policy with ``+hicache`` adds SGLang's host tier (``--enable-hierarchical-cache``, SGLang's
 default ``write_through``: the host mirrors the device) and is compared with ``fcfs+hicache``;
 ``+hicache-write-back`` the same with ``--hicache-write-policy write_back`` (device and host hold
