@@ -25,5 +25,7 @@ def test_profiler_measures_fresh_prefills_cached_extends_and_decode_steps(contin
     # a decode step is the difference of two timed batches: on a loaded machine one point may vanish
     assert all(y >= 0 for _, _, y in decode) and sum(y for _, _, y in decode) > 0
     coeffs, prefix = fit_prefill(fresh, extends)
-    model = StepLatencyModel(prefill=coeffs, prefix_coeff=prefix, decode=fit_decode(decode))  # refuses negatives
+    model = StepLatencyModel(
+        prefill=coeffs, prefix_coeff=prefix, decode=fit_decode(decode)
+    )  # leaves a vanished point out
     assert 0 < model.prefill_seconds([(40, 600)]) < 60 and 0 < model.decode_seconds(2, 512) < 60

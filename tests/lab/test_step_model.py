@@ -41,6 +41,16 @@ def test_fit_decode_recovers_the_coefficients_it_was_made_from():
     assert fit_decode(points) == pytest.approx(d, rel=1e-6)
 
 
+def test_fit_decode_leaves_out_a_step_that_vanished_and_refuses_too_few_left():
+    """On a loaded machine one timed difference can come out as 0 s (the e2e profiler test's
+    ``decode B=2 L=256: 0.00 ms/step``): it says nothing of the step, and the fit stands without it."""
+    d = (0.004, 2e-4, 3e-8)
+    points = [(b, b * ctx, d[0] + d[1] * b + d[2] * b * ctx) for b in (1, 8, 32) for ctx in (1000, 8000)]
+    assert fit_decode([*points, (2, 532, 0.0)]) == pytest.approx(d, rel=1e-6)
+    with pytest.raises(ValueError, match="at least 3"):
+        fit_decode([*points[:2], (2, 532, 0.0)])
+
+
 def test_pool_from_memory_facts_is_static_memory_less_weights_over_kv_bytes():
     gpu = StepLatencyModel(
         prefill=(0, 0, 0), decode=(0, 0, 0), kv_bytes_per_token=131072, weights_bytes=16e9, gpu_memory_bytes=80e9
